@@ -1,0 +1,257 @@
+"""Batching, the forward pass, and the hand-off of each layer's attention to the detectors.
+
+Two ways to get at the attention weights:
+
+* ``stream`` (default): a custom attention function registered with transformers'
+  ``AttentionInterface``. It computes the weights as eager attention does, gives them to the
+  detectors at once and returns no weights, so only one layer's maps exist at any time.
+* ``eager``: the model's own eager attention with ``output_attentions=True``, for models that
+  do not route attention through the interface. All layers' maps are kept until the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import RunFailure
+
+STREAM_IMPLEMENTATION = "headscope_stream"
+
+LayerCallback = Callable[[int, torch.Tensor, "Batch"], None]
+
+
+@dataclass
+class Batch:
+    """Padded token ids plus what detectors need to know about each row.
+
+    ``special`` marks BOS/CLS/SEP and other special tokens; ``attention_mask`` marks real
+    (non-pad) positions. ``example_index`` maps each row to its example in the prompt set,
+    so that scores can be kept per example and bootstrapped.
+    """
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] bool
+    special: torch.Tensor  # [B, T] bool
+    example_index: torch.Tensor  # [B] long
+    is_causal: bool
+    meta: list[dict[str, Any]] = field(default_factory=list)
+    _cache: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def content(self) -> torch.Tensor:
+        """Positions holding a real, non-special token."""
+        return self.attention_mask & ~self.special
+
+    @property
+    def n_visible(self) -> torch.Tensor:
+        """[B, T] how many keys each query may attend to (what uniform attention spreads over)."""
+        if "n_visible" not in self._cache:
+            mask = self.attention_mask.float()
+            if self.is_causal:
+                visible = mask.cumsum(dim=1)
+            else:
+                visible = mask.sum(dim=1, keepdim=True).expand_as(mask)
+            self._cache["n_visible"] = visible.clamp(min=1.0)
+        return self._cache["n_visible"]
+
+    @property
+    def earlier_same_token(self) -> torch.Tensor:
+        """[B, Q, K] True where key k < query q holds the same content token as q."""
+        if "earlier_same_token" not in self._cache:
+            ids = self.input_ids
+            content = self.content
+            same = ids[:, :, None] == ids[:, None, :]
+            length = ids.shape[1]
+            earlier = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril(diagonal=-1)
+            same &= earlier & content[:, :, None] & content[:, None, :]
+            self._cache["earlier_same_token"] = same
+        return self._cache["earlier_same_token"]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.special.to(device),
+            self.example_index,
+            self.is_causal,
+            self.meta,
+        )
+
+
+def make_batches(
+    sequences: Sequence[Sequence[int]],
+    special_masks: Sequence[Sequence[bool]],
+    *,
+    batch_size: int,
+    pad_id: int,
+    is_causal: bool,
+    meta: Sequence[dict[str, Any]] | None = None,
+    sort_by_length: bool = True,
+) -> list[Batch]:
+    """Right-pad sequences into batches. Sorting by length keeps padding (wasted work) small."""
+    order = list(range(len(sequences)))
+    if sort_by_length:
+        order.sort(key=lambda i: len(sequences[i]))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = max(len(sequences[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        special = torch.zeros((len(rows), width), dtype=torch.bool)
+        for r, i in enumerate(rows):
+            n = len(sequences[i])
+            ids[r, :n] = torch.as_tensor(list(sequences[i]), dtype=torch.long)
+            mask[r, :n] = True
+            special[r, :n] = torch.as_tensor(list(special_masks[i]), dtype=torch.bool)
+        batches.append(
+            Batch(
+                ids,
+                mask,
+                special,
+                torch.as_tensor(rows, dtype=torch.long),
+                is_causal,
+                [dict(meta[i]) for i in rows] if meta is not None else [{} for _ in rows],
+            )
+        )
+    return batches
+
+
+class _LayerSink:
+    """Receives each layer's weights during one forward pass."""
+
+    def __init__(self, callback: LayerCallback, batch: Batch) -> None:
+        self.callback = callback
+        self.batch = batch
+        self.calls = 0
+
+    def deliver(self, module: Any, weights: torch.Tensor) -> None:
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:  # models that do not number their attention modules run them in order
+            layer = self.calls
+        self.calls += 1
+        self.callback(int(layer), weights, self.batch)
+
+
+_ACTIVE_SINK: ContextVar[_LayerSink | None] = ContextVar("headscope_sink", default=None)
+
+
+def _repeat_kv(states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    if n_rep == 1:
+        return states
+    batch, kv_heads, length, dim = states.shape
+    return states[:, :, None].expand(batch, kv_heads, n_rep, length, dim).reshape(
+        batch, kv_heads * n_rep, length, dim
+    )
+
+
+def streaming_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Eager attention that hands its weights to the active sink instead of returning them.
+
+    The weights are computed in float32 whatever the model's dtype, so scores do not depend on it.
+    """
+    if kwargs.get("s_aux") is not None:
+        raise RunFailure(
+            "this model uses attention sinks (s_aux), which streaming capture does not implement",
+            hint="use --capture eager",
+        )
+    n_rep = query.shape[1] // key.shape[1]
+    key = _repeat_kv(key, n_rep)
+    value = _repeat_kv(value, n_rep)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    sink = _ACTIVE_SINK.get()
+    if sink is not None:
+        sink.deliver(module, weights)
+    output = torch.matmul(weights.to(value.dtype), value)
+    return output.transpose(1, 2).contiguous(), None
+
+
+_registered = False
+
+
+def register_streaming_attention() -> None:
+    """Register the streaming function (and eager's additive mask) under STREAM_IMPLEMENTATION."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register(STREAM_IMPLEMENTATION, streaming_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(STREAM_IMPLEMENTATION, eager_mask)
+    _registered = True
+
+
+@contextlib.contextmanager
+def _sink(callback: LayerCallback, batch: Batch) -> Iterator[_LayerSink]:
+    sink = _LayerSink(callback, batch)
+    token = _ACTIVE_SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _ACTIVE_SINK.reset(token)
+
+
+def run(
+    loaded: Any,
+    batches: Iterable[Batch],
+    on_layer: LayerCallback,
+    *,
+    on_logits: Callable[[torch.Tensor, Batch], None] | None = None,
+    on_batch_done: Callable[[Batch], None] | None = None,
+) -> None:
+    """Run every batch through the model and give each layer's attention to ``on_layer``.
+
+    ``on_layer(layer, weights[B, H, Q, K] float32, batch)`` must not modify ``weights``.
+    The LM head runs only when ``on_logits`` is given.
+    """
+    device = loaded.device
+    module = loaded.model if on_logits is not None else loaded.base
+    n_layers = loaded.layout.n_layers
+    extra = {"use_cache": False} if loaded.is_causal else {}
+    with torch.inference_mode():
+        for batch in batches:
+            on_device = batch.to(device)
+            inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
+            if loaded.capture_mode == "stream":
+                with _sink(on_layer, on_device) as sink:
+                    out = module(**inputs, **extra)
+                if sink.calls != n_layers:
+                    raise RunFailure(
+                        f"expected attention from {n_layers} layers, captured {sink.calls}",
+                        hint="this architecture may need --capture eager",
+                    )
+            else:
+                out = module(**inputs, **extra, output_attentions=True)
+                attentions = out.attentions
+                if attentions is None or len(attentions) != n_layers:
+                    raise RunFailure("the model returned no attention weights in eager mode")
+                for layer, weights in enumerate(attentions):
+                    on_layer(layer, weights.float(), on_device)
+            if on_logits is not None:
+                on_logits(out.logits.float(), on_device)
+            if on_batch_done is not None:
+                on_batch_done(batch)

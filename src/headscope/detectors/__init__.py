@@ -1,0 +1,26 @@
+"""The detector registry: every head role headscope knows, keyed by name."""
+
+from __future__ import annotations
+
+from .base import Detector, DetectorResult
+from .induction import DuplicateTokenDetector, InductionDetector
+from .positional import PreviousTokenDetector, SinkDetector
+
+REGISTRY: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (PreviousTokenDetector, DuplicateTokenDetector, InductionDetector, SinkDetector)
+}
+
+
+def create(names: list[str] | None = None) -> list[Detector]:
+    """Instantiate detectors by name (all registered ones when ``names`` is None)."""
+    from ..errors import InputError
+
+    chosen = list(REGISTRY) if names is None else names
+    unknown = [n for n in chosen if n not in REGISTRY]
+    if unknown:
+        raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(REGISTRY)}")
+    return [REGISTRY[n]() for n in chosen]
+
+
+__all__ = ["REGISTRY", "Detector", "DetectorResult", "create"]

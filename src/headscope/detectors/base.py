@@ -1,0 +1,105 @@
+"""The detector contract.
+
+A detector turns one layer's attention ``[batch, head, query, key]`` plus the batch's metadata
+into running per-example sums, one per head. It never modifies the attention tensor and never
+does I/O. Keeping sums per example (sequence, sentence or pair) lets ``stats`` bootstrap over
+examples later.
+
+For each (relation, direction) a detector reports, per example ``e`` and head ``(l, h)``:
+
+* ``sums[e, l, h]``: the summed per-query quantity (attention mass, or 1 for a correct argmax),
+* ``counts[e]``: how many queries (positions, pairs) example ``e`` contributed,
+* ``baseline_sums[e]``: the same sum for the detector's "no role" reference.
+
+score = sums.sum(0) / counts.sum() and baseline = baseline_sums.sum() / counts.sum().
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ..capture import Batch
+from ..models import HeadLayout
+
+Need = Literal["tokens", "words", "arcs", "coref", "logits"]
+Source = Literal["text", "repeated-tokens"]
+
+
+@dataclass
+class DetectorResult:
+    """Per-example sums for one (detector, relation, direction)."""
+
+    detector: str
+    relation: str
+    direction: str
+    sums: torch.Tensor  # [E, L, H] float64
+    counts: torch.Tensor  # [E] float64
+    baseline_sums: torch.Tensor  # [E] float64
+    baseline_kind: str
+    data: str = ""
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum().item())
+
+    @property
+    def n_examples(self) -> int:
+        return int((self.counts > 0).sum().item())
+
+    def scores(self) -> torch.Tensor:
+        """[L, H] pooled score (0 where nothing was counted)."""
+        total = self.counts.sum()
+        if total == 0:
+            return torch.zeros(self.sums.shape[1:], dtype=torch.float64)
+        return self.sums.sum(0) / total
+
+    def baseline(self) -> float | None:
+        total = self.counts.sum()
+        return None if total == 0 else float(self.baseline_sums.sum() / total)
+
+
+class Detector(ABC):
+    """One head role. Subclasses set the class attributes and implement ``update``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    needs: ClassVar[frozenset[Need]] = frozenset({"tokens"})
+    default_source: ClassVar[Source] = "text"
+    baseline_kind: ClassVar[str] = "uniform"
+
+    def start(self, layout: HeadLayout, n_examples: int) -> None:
+        self.layout = layout
+        self.n_examples = n_examples
+        shape = (n_examples, layout.n_layers, layout.n_heads)
+        self._sums = torch.zeros(shape, dtype=torch.float64)
+        self._counts = torch.zeros(n_examples, dtype=torch.float64)
+        self._baseline = torch.zeros(n_examples, dtype=torch.float64)
+        self._counted_layer: int | None = None
+
+    def _accumulate(
+        self, layer: int, batch: Batch, per_row_head: torch.Tensor, counts: torch.Tensor, baseline: torch.Tensor
+    ) -> None:
+        """Add ``per_row_head[B, H]`` to layer ``layer``; counts and baseline are added once per batch."""
+        rows = batch.example_index
+        self._sums[rows, layer] += per_row_head.double().cpu()
+        # Counts and baselines do not depend on the layer; add them on the first layer seen.
+        if self._counted_layer is None:
+            self._counted_layer = layer
+        if layer == self._counted_layer:
+            self._counts[rows] += counts.double().cpu()
+            self._baseline[rows] += baseline.double().cpu()
+
+    @abstractmethod
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        """Consume one layer's attention ``[B, H, Q, K]`` (float32, rows sum to 1). Read-only."""
+
+    def results(self, data: str = "") -> list[DetectorResult]:
+        return [
+            DetectorResult(
+                self.name, "", "", self._sums, self._counts, self._baseline, self.baseline_kind, data
+            )
+        ]

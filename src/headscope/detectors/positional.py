@@ -1,0 +1,37 @@
+"""Heads defined by position alone: previous-token and attention sink (first token)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..capture import Batch
+from .base import Detector
+
+
+class PreviousTokenDetector(Detector):
+    name = "previous-token"
+    summary = "attention from position i to i-1, averaged over positions whose previous token is not special"
+    default_source = "text"
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        content = batch.content
+        # Query i >= 1 with both i and i-1 real, non-special tokens (BOS/CLS/pad excluded).
+        query_mask = (content[:, 1:] & content[:, :-1]).to(attn.dtype)  # [B, T-1]
+        to_previous = attn.diagonal(offset=-1, dim1=2, dim2=3)  # [B, H, T-1]: A[i, i-1]
+        per_head = (to_previous * query_mask[:, None, :]).sum(-1)
+        baseline = (query_mask / batch.n_visible[:, 1:]).sum(-1)
+        self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
+
+
+class SinkDetector(Detector):
+    name = "sink"
+    summary = "mean attention to position 0 (BOS/CLS when the tokenizer adds one), from every later position"
+    default_source = "text"
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        query_mask = batch.attention_mask.clone()
+        query_mask[:, 0] = False  # position 0 attending to itself says nothing in a causal model
+        query_mask = query_mask.to(attn.dtype)
+        per_head = (attn[..., 0] * query_mask[:, None, :]).sum(-1)
+        baseline = (query_mask / batch.n_visible).sum(-1)
+        self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)

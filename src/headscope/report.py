@@ -1,0 +1,121 @@
+"""Rendering: Rich tables for people, CSV for spreadsheets. Files are written atomically."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from .analysis import Report, Section
+from .errors import OutputError
+
+
+def check_writable(path: str | Path, option: str = "--csv") -> Path:
+    """Fail before the model runs if ``path`` cannot be written."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OutputError(f"{option} {path}: is a directory", hint="give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise OutputError(f"{option} {path}: not writable", hint="choose a path you can write to")
+    return target
+
+
+def write_atomic(path: str | Path, text: str, option: str = "--csv") -> Path:
+    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
+    target = check_writable(path, option)
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+            stream.write(text)
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def table_csv(table: pd.DataFrame) -> str:
+    return table.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def section_title(section: Section) -> str:
+    parts = [section.detector]
+    if section.relation:
+        parts.append(section.relation)
+    if section.direction:
+        parts.append(section.direction)
+    return " · ".join(parts)
+
+
+def top_heads_table(report: Report, section: Section, top: int) -> Table:
+    rows = report.table[
+        (report.table.detector == section.detector)
+        & (report.table.relation == section.relation)
+        & (report.table.direction == section.direction)
+    ].sort_values("rank")
+    table = Table(
+        title=f"[bold]{section_title(section)}[/bold] — {section.summary}",
+        caption=(
+            f"data: {section.data}; n = {section.n} positions in {section.n_examples} examples; "
+            f"{section.baseline_kind} baseline = {_fmt(section.baseline)}; 95% bootstrap CI over examples"
+        ),
+        title_justify="left",
+        caption_justify="left",
+    )
+    for name, justify in [
+        ("rank", "right"),
+        ("layer", "right"),
+        ("head", "right"),
+        ("kv group", "right"),
+        ("score", "right"),
+        ("95% CI", "center"),
+        ("n", "right"),
+    ]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows.head(top).itertuples():
+        table.add_row(
+            str(row.rank),
+            str(row.layer),
+            str(row.head),
+            str(row.kv_group),
+            _fmt(row.score),
+            f"[{_fmt(row.ci_low)}, {_fmt(row.ci_high)}]",
+            str(row.n),
+        )
+    return table
+
+
+def print_report(report: Report, console: Console, top: int) -> None:
+    for section in report.sections:
+        console.print(top_heads_table(report, section, top))
+        console.print()
+    if report.loss is not None:
+        loss = report.loss
+        table = Table(title="[bold]next-token loss by copy[/bold] (in-context copying)", title_justify="left")
+        table.add_column("copy", justify="right")
+        table.add_column("mean loss (nats)", justify="right")
+        table.add_column("tokens", justify="right")
+        for index, (value, tokens) in enumerate(zip(loss.per_copy, loss.tokens_per_copy), start=1):
+            table.add_row(str(index), _fmt(value), str(tokens))
+        console.print(table)
+        ratio = loss.first / loss.later if loss.later > 0 else float("inf")
+        console.print(
+            f"first copy {_fmt(loss.first)} vs later copies {_fmt(loss.later)} nats "
+            f"({ratio:.1f}x lower once the sequence has been seen)"
+        )
+    for note in report.notes:
+        console.print(f"note: {note}")

@@ -1,0 +1,66 @@
+"""The tidy results table: one row per head per (detector, relation, direction)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from .detectors.base import DetectorResult
+from .models import HeadLayout
+from .stats import bootstrap_ratio_ci
+
+CSV_COLUMNS = [
+    "model",
+    "detector",
+    "relation",
+    "direction",
+    "layer",
+    "head",
+    "kv_group",
+    "score",
+    "baseline",
+    "ci_low",
+    "ci_high",
+    "n",
+    "rank",
+    "role",
+]
+
+
+def head_table(
+    results: Sequence[DetectorResult],
+    layout: HeadLayout,
+    model_name: str,
+    *,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Turn detector results into the tidy table. Rank 1 is the highest score in its group."""
+    frames = []
+    for result in results:
+        scores = result.scores().numpy()
+        low, high = bootstrap_ratio_ci(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
+        layers, heads = layout.n_layers, layout.n_heads
+        rows = {
+            "model": model_name,
+            "detector": result.detector,
+            "relation": result.relation,
+            "direction": result.direction,
+            "layer": [layer for layer in range(layers) for _ in range(heads)],
+            "head": [head for _ in range(layers) for head in range(heads)],
+            "kv_group": [layout.kv_group(head) for _ in range(layers) for head in range(heads)],
+            "score": scores.reshape(-1),
+            "baseline": result.baseline(),
+            "ci_low": low.reshape(-1),
+            "ci_high": high.reshape(-1),
+            "n": result.n,
+            "role": "",
+        }
+        frame = pd.DataFrame(rows)
+        frame["rank"] = frame["score"].rank(ascending=False, method="first").astype(int)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=CSV_COLUMNS)
+    table = pd.concat(frames, ignore_index=True)[CSV_COLUMNS]
+    return table
