@@ -103,6 +103,17 @@ def _handle_errors(debug: bool) -> Iterator[None]:
     except KeyboardInterrupt:
         err.print("interrupted; no output was written")
         raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # an unexpected failure: one line, the traceback only with --debug
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(
+            f"[red]error:[/red] unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            markup=True,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
 
 
 @contextlib.contextmanager
@@ -127,7 +138,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode):  # noqa: ANN202
     from .models import load
 
-    with err.status(f"loading {model} …"):
+    with err.status(f"loading {model} … (a GGUF is dequantized once, then read from the cache)"):
         return load(model, device=device.value, dtype=dtype.value, capture=capture.value)
 
 
@@ -265,6 +276,9 @@ def _root(
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "--debug" not in sys.argv:
+        # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     app()
 
 

@@ -269,21 +269,31 @@ def _load_gguf(resolved: ResolvedSpec, dtype: Any, use_cache: bool) -> tuple[Any
 
 
 def _write_gguf_cache(model: Any, tokenizer: Any, target: Path) -> None:
-    # Write to a sibling temp folder and rename, so a crash never leaves a half cache entry.
+    """Save the dequantized weights as a plain HF folder.
+
+    ``save_pretrained`` refuses GGUF-quantized models, so the config (minus its GGUF
+    quantization entry) and the tensors are written directly. The folder is staged under a
+    temporary name and renamed, so a crash never leaves half a cache entry.
+    """
+    import copy
+
+    from safetensors.torch import save_model
+
+    staging: Path | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-        quant = getattr(model.config, "quantization_config", None)
-        if quant is not None:
-            del model.config.quantization_config
-        model.save_pretrained(staging)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
-        if quant is not None:
-            model.config.quantization_config = quant
         os.replace(staging, target)
     except OSError as exc:
         log.warning("could not cache the dequantized GGUF under %s: %s", target, exc)
-        shutil.rmtree(staging, ignore_errors=True) if "staging" in locals() else None
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _load_hf(resolved: ResolvedSpec, dtype: Any) -> tuple[Any, Any, str]:
