@@ -74,7 +74,8 @@ class CopyLoss:
     @property
     def later(self) -> float:
         later_tokens = sum(self.tokens_per_copy[1:])
-        return sum(l * n for l, n in zip(self.per_copy[1:], self.tokens_per_copy[1:])) / later_tokens
+        weighted = zip(self.per_copy[1:], self.tokens_per_copy[1:], strict=True)
+        return sum(loss * tokens for loss, tokens in weighted) / later_tokens
 
 
 @dataclass

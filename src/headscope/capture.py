@@ -53,10 +53,7 @@ class Batch:
         """[B, T] how many keys each query may attend to (what uniform attention spreads over)."""
         if "n_visible" not in self._cache:
             mask = self.attention_mask.float()
-            if self.is_causal:
-                visible = mask.cumsum(dim=1)
-            else:
-                visible = mask.sum(dim=1, keepdim=True).expand_as(mask)
+            visible = mask.cumsum(dim=1) if self.is_causal else mask.sum(dim=1, keepdim=True).expand_as(mask)
             self._cache["n_visible"] = visible.clamp(min=1.0)
         return self._cache["n_visible"]
 
@@ -146,8 +143,10 @@ def _repeat_kv(states: torch.Tensor, n_rep: int) -> torch.Tensor:
     if n_rep == 1:
         return states
     batch, kv_heads, length, dim = states.shape
-    return states[:, :, None].expand(batch, kv_heads, n_rep, length, dim).reshape(
-        batch, kv_heads * n_rep, length, dim
+    return (
+        states[:, :, None]
+        .expand(batch, kv_heads, n_rep, length, dim)
+        .reshape(batch, kv_heads * n_rep, length, dim)
     )
 
 

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -59,7 +59,7 @@ ModelArg = Annotated[
 ]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="Heads to show per table.")]
 CsvOpt = Annotated[
-    Optional[Path], typer.Option("--csv", help="Write every head of every detector to this CSV (atomic).")
+    Path | None, typer.Option("--csv", help="Write every head of every detector to this CSV (atomic).")
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to run the model.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Model weights dtype (scores are float32).")]
@@ -148,11 +148,13 @@ def scan(
     top: TopOpt = 10,
     csv: CsvOpt = None,
     text: Annotated[
-        Optional[Path],
-        typer.Option("--text", help="Natural-text prompt set (.yaml/.jsonl/.txt) for previous-token and sink."),
+        Path | None,
+        typer.Option(
+            "--text", help="Natural-text prompt set (.yaml/.jsonl/.txt) for previous-token and sink."
+        ),
     ] = None,
     detector: Annotated[
-        Optional[str], typer.Option("--detectors", help="Comma-separated detectors (default: all).")
+        str | None, typer.Option("--detectors", help="Comma-separated detectors (default: all).")
     ] = None,
     seq_len: SeqLenOpt = 50,
     repeat_seq: RepeatOpt = 2,
@@ -192,7 +194,7 @@ def scan(
         report.print_report(result, out, top)
         if csv is not None:
             path = report.write_atomic(csv, report.table_csv(result.table))
-            err.print(f"wrote {len(result.table)} rows to {path}")
+            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
 
 
 @app.command()
@@ -203,7 +205,7 @@ def induction(
     n_seqs: NSeqOpt = 16,
     seed: SeedOpt = 0,
     bos: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--bos/--no-bos", help="Prepend BOS (CLS/SEP for encoders). Default: when defined."),
     ] = None,
     top: TopOpt = 10,
@@ -233,7 +235,7 @@ def induction(
         report.print_report(result, out, top)
         if csv is not None:
             path = report.write_atomic(csv, report.table_csv(result.table))
-            err.print(f"wrote {len(result.table)} rows to {path}")
+            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
 
 
 @app.command("models")
@@ -252,11 +254,12 @@ def list_models() -> None:
 
 def _header(loaded) -> None:  # noqa: ANN001
     layout = loaded.layout
-    err.print(
+    kind = "causal" if loaded.is_causal else "bidirectional"
+    line = (
         f"{loaded.name}: {layout.n_layers} layers x {layout.n_heads} query heads "
-        f"({layout.n_kv_heads} KV heads, {layout.group_size} per group), "
-        f"{'causal' if loaded.is_causal else 'bidirectional'}, capture={loaded.capture_mode}"
+        f"({layout.n_kv_heads} KV heads, {layout.group_size} per group), {kind}, capture={loaded.capture_mode}"
     )
+    err.print(line, soft_wrap=True)
 
 
 def _version(value: bool) -> None:

@@ -153,7 +153,9 @@ def resolve(spec: str) -> ResolvedSpec:
     if path.is_dir():
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))
-            hint = f"pass the file itself, e.g. {ggufs[0]}" if ggufs else "expected a Hugging Face model folder"
+            hint = (
+                f"pass the file itself, e.g. {ggufs[0]}" if ggufs else "expected a Hugging Face model folder"
+            )
             raise ModelNotFoundError(f"{spec} is a directory without config.json", hint=hint)
         return ResolvedSpec("dir", str(path.resolve()))
     if path.exists():
@@ -174,9 +176,7 @@ def cache_root() -> Path:
     env = os.environ.get("HEADSCOPE_CACHE")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or (
-        os.environ.get("LOCALAPPDATA") if os.name == "nt" else None
-    )
+    base = os.environ.get("XDG_CACHE_HOME") or (os.environ.get("LOCALAPPDATA") if os.name == "nt" else None)
     if base is None:
         home = Path.home()
         base = str(home / "Library" / "Caches") if os.uname().sysname == "Darwin" else str(home / ".cache")
@@ -207,7 +207,9 @@ def _resolve_device(name: DeviceName) -> str:
             return "mps"
         return "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda was asked for, but torch sees no CUDA device", hint="use --device cpu")
+        raise InputError(
+            "--device cuda was asked for, but torch sees no CUDA device", hint="use --device cpu"
+        )
     if name == "mps" and not torch.backends.mps.is_available():
         raise InputError("--device mps was asked for, but MPS is not available", hint="use --device cpu")
     return name

@@ -83,7 +83,9 @@ def _read_text(path: Path) -> str:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise PromptSetError(f"{path}:{line}: not valid UTF-8 ({exc.reason}); re-save the file as UTF-8") from exc
+        raise PromptSetError(
+            f"{path}:{line}: not valid UTF-8 ({exc.reason}); re-save the file as UTF-8"
+        ) from exc
     if not text.strip():
         raise PromptSetError(f"{path}: file is empty")
     return text
@@ -91,7 +93,9 @@ def _read_text(path: Path) -> str:
 
 def _text_item(raw: Any, where: str, index: int, stem: str) -> TextItem:
     if not isinstance(raw, dict):
-        raise PromptSetError(f"{where}: item {index} must be a mapping with a 'text' key, got {type(raw).__name__}")
+        raise PromptSetError(
+            f"{where}: item {index} must be a mapping with a 'text' key, got {type(raw).__name__}"
+        )
     raw = {k: v for k, v in raw.items() if k != "__line__"}
     unknown = set(raw) - TEXT_ITEM_KEYS
     if unknown:
@@ -150,7 +154,9 @@ def load_texts(path: str | Path) -> PromptSet:
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise PromptSetError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from exc
+                raise PromptSetError(
+                    f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})"
+                ) from exc
             items.append(_text_item(raw, f"{path}:{lineno}", len(items), stem))
         result = PromptSet(stem, items, str(path))
     elif suffix in {".txt", ""}:
@@ -161,6 +167,8 @@ def load_texts(path: str | Path) -> PromptSet:
         ]
         result = PromptSet(stem, items, str(path))
     else:
-        raise PromptSetError(f"{path}: unknown prompt-set format '{suffix}'", hint="use .yaml, .jsonl or .txt")
+        raise PromptSetError(
+            f"{path}: unknown prompt-set format '{suffix}'", hint="use .yaml, .jsonl or .txt"
+        )
     _check_unique(result.items)
     return result

@@ -16,15 +16,28 @@ from .errors import OutputError
 
 
 def check_writable(path: str | Path, option: str = "--csv") -> Path:
-    """Fail before the model runs if ``path`` cannot be written."""
+    """Fail before the model runs if ``path`` cannot be written.
+
+    Permission bits say little when running as root or on special file systems, so this
+    creates and removes a scratch file in the target folder.
+    """
     target = Path(path).expanduser()
     if target.is_dir():
         raise OutputError(f"{option} {path}: is a directory", hint="give a file name")
-    parent = target.parent if str(target.parent) else Path(".")
+    parent = target.parent
     if not parent.is_dir():
         raise OutputError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise OutputError(f"{option} {path}: not writable", hint="choose a path you can write to")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(
+            f"{option} {path}: cannot write in {parent} ({exc.strerror})",
+            hint="choose a path you can write to",
+        ) from exc
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputError(f"{option} {path}: file is read-only", hint="choose another path")
     return target
 
 
@@ -36,6 +49,9 @@ def write_atomic(path: str | Path, text: str, option: str = "--csv") -> Path:
         with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
             stream.write(text)
         os.replace(tmp_name, target)
+    except OSError as exc:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise OutputError(f"{option} {path}: write failed ({exc.strerror})") from exc
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
@@ -109,7 +125,9 @@ def print_report(report: Report, console: Console, top: int) -> None:
         table.add_column("copy", justify="right")
         table.add_column("mean loss (nats)", justify="right")
         table.add_column("tokens", justify="right")
-        for index, (value, tokens) in enumerate(zip(loss.per_copy, loss.tokens_per_copy), start=1):
+        for index, (value, tokens) in enumerate(
+            zip(loss.per_copy, loss.tokens_per_copy, strict=True), start=1
+        ):
             table.add_row(str(index), _fmt(value), str(tokens))
         console.print(table)
         ratio = loss.first / loss.later if loss.later > 0 else float("inf")

@@ -7,8 +7,7 @@ from .induction import DuplicateTokenDetector, InductionDetector
 from .positional import PreviousTokenDetector, SinkDetector
 
 REGISTRY: dict[str, type[Detector]] = {
-    cls.name: cls
-    for cls in (PreviousTokenDetector, DuplicateTokenDetector, InductionDetector, SinkDetector)
+    cls.name: cls for cls in (PreviousTokenDetector, DuplicateTokenDetector, InductionDetector, SinkDetector)
 }
 
 

@@ -81,7 +81,12 @@ class Detector(ABC):
         self._counted_layer: int | None = None
 
     def _accumulate(
-        self, layer: int, batch: Batch, per_row_head: torch.Tensor, counts: torch.Tensor, baseline: torch.Tensor
+        self,
+        layer: int,
+        batch: Batch,
+        per_row_head: torch.Tensor,
+        counts: torch.Tensor,
+        baseline: torch.Tensor,
     ) -> None:
         """Add ``per_row_head[B, H]`` to layer ``layer``; counts and baseline are added once per batch."""
         rows = batch.example_index

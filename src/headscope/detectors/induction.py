@@ -13,9 +13,7 @@ def _masked_mass(attn: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhqk,bqk->bhq", attn, target.to(attn.dtype))
 
 
-def _pool(
-    detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, target: torch.Tensor
-) -> None:
+def _pool(detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, target: torch.Tensor) -> None:
     query_mask = target.any(-1).to(attn.dtype)  # queries that have at least one target
     per_head = (_masked_mass(attn, target) * query_mask[:, None, :]).sum(-1)
     baseline = (target.sum(-1).to(attn.dtype) / batch.n_visible).sum(-1)

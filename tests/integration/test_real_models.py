@@ -1,0 +1,57 @@
+"""Slow: the two bundled real models, end to end. Run in CI too."""
+
+from __future__ import annotations
+
+import pytest
+
+from headscope import analysis
+from headscope.results import CSV_COLUMNS
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_scan_every_head_every_detector(smollm2):
+    layout = smollm2.layout
+    assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (30, 9, 3)
+    assert smollm2.is_causal and smollm2.capture_mode == "stream"
+    report = analysis.scan(smollm2, n_resamples=200)
+    table = report.table
+    assert list(table.columns) == CSV_COLUMNS
+    counts = table.groupby("detector").size().to_dict()
+    assert counts == {"previous-token": 270, "duplicate-token": 270, "induction": 270, "sink": 270}
+    for detector, group in table.groupby("detector"):
+        assert sorted(group["rank"]) == list(range(1, 271)), detector
+        assert group.score.between(0, 1 + 1e-6).all()
+        best = group[group["rank"] == 1].iloc[0]
+        # Each role exists in a 135M model and stands far above uniform attention.
+        assert best.ci_low > 3 * best.baseline, (detector, best.score, best.baseline)
+    # GQA: query head h reads KV head h // 3.
+    assert (table.kv_group == table["head"] // 3).all()
+
+
+def test_smollm2_induction_heads_carry_in_context_copying(smollm2):
+    report = analysis.induction(
+        smollm2, analysis.RepeatSpec(seq_len=50, repeats=3, n_seqs=8), n_resamples=200
+    )
+    induction = report.table[report.table.detector == "induction"].sort_values("rank")
+    assert induction.iloc[0].score > 0.5
+    # Induction heads live in the middle of the network, not in the first layers.
+    assert induction.head(5).layer.min() >= 5
+    loss = report.loss
+    assert loss is not None and len(loss.per_copy) == 3
+    assert loss.later < loss.first / 3, loss.per_copy
+
+
+def test_minilm_encoder_scan(minilm):
+    layout = minilm.layout
+    assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (6, 12, 12)
+    assert not minilm.is_causal
+    report = analysis.scan(minilm, n_resamples=200)
+    table = report.table
+    counts = table.groupby("detector").size().to_dict()
+    assert set(counts.values()) == {72} and len(counts) == 4
+    previous = table[table.detector == "previous-token"].sort_values("rank").iloc[0]
+    # BERT-style models have strong previous-token heads (Clark et al. 2019).
+    assert previous.score > 0.5 and previous.ci_low > 5 * previous.baseline
+    assert (table.kv_group == table["head"]).all()
+    assert report.loss is None

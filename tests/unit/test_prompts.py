@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from headscope.errors import PromptSetError
+from headscope.prompts import builtin, configs_dir, load_texts
+
+
+def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def test_shipped_natural_text_has_english_and_chinese():
+    prompt_set = load_texts(builtin("text/natural.yaml"))
+    langs = {item.lang for item in prompt_set.items}
+    assert langs == {"en", "zh"}
+    assert sum(item.lang == "zh" for item in prompt_set.items) >= 20
+    assert all(item.text.strip() for item in prompt_set.items)
+
+
+def test_configs_ship_inside_the_installed_package():
+    # The tests import the installed wheel, not src/: configs must be found next to the package.
+    import headscope
+
+    assert configs_dir() == Path(headscope.__file__).parent / "configs"
+
+
+def test_yaml_jsonl_txt(tmp_path):
+    yaml_set = load_texts(
+        write(tmp_path, "a.yaml", "name: x\nitems:\n  - text: hello\n  - {id: b, text: 你好}\n")
+    )
+    assert [i.id for i in yaml_set.items] == ["a-1", "b"]
+    assert yaml_set.items[1].source.endswith("a.yaml:4")
+    jsonl = load_texts(write(tmp_path, "b.jsonl", '{"text": "one"}\n\n{"text": "two", "lang": "en"}\n'))
+    assert [i.text for i in jsonl.items] == ["one", "two"]
+    txt = load_texts(write(tmp_path, "c.txt", "first line\n\n second \n"))
+    assert [i.text for i in txt.items] == ["first line", "second"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.yaml", "", r"empty\.yaml: file is empty"),
+        ("ws.txt", "  \n\n", r"ws\.txt: file is empty"),
+        ("bad.yaml", "items:\n  - text: [unclosed\n", r"bad\.yaml:\d+: malformed YAML"),
+        ("noitems.yaml", "name: x\n", r"expected a mapping with an 'items' list"),
+        ("zero.yaml", "items: []\n", r"'items' is empty"),
+        ("key.yaml", "items:\n  - text: a\n  - txt: b\n", r"key\.yaml:3: unknown key\(s\) txt"),
+        ("blank.yaml", "items:\n  - text: ''\n", r"blank\.yaml:2: 'text' must be a non-empty string"),
+        (
+            "dup.yaml",
+            "items:\n  - {id: a, text: x}\n  - {id: a, text: y}\n",
+            r"dup\.yaml:3: duplicate id 'a'",
+        ),
+        ("bad.jsonl", '{"text": "ok"}\n{"text": \n', r"bad\.jsonl:2: malformed JSON"),
+        ("list.jsonl", '["text"]\n', r"list\.jsonl:1: item 0 must be a mapping"),
+        ("bin.txt", b"\x00\x01\x02binary", r"binary file"),
+        ("latin.txt", "caf\xe9\n".encode("latin-1"), r"latin\.txt:1: not valid UTF-8"),
+        ("data.csv", "text\nhello\n", r"unknown prompt-set format '\.csv'"),
+    ],
+)
+def test_malformed_files_name_file_and_line(tmp_path, name, content, message):
+    path = write(tmp_path, name, content)
+    with pytest.raises(PromptSetError, match=message):
+        load_texts(path)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(PromptSetError, match="file not found"):
+        load_texts(tmp_path / "nope.yaml")
+    with pytest.raises(PromptSetError, match="is a directory"):
+        load_texts(tmp_path)
