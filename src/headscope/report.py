@@ -77,21 +77,21 @@ def section_title(section: Section) -> str:
     return " · ".join(parts)
 
 
+def section_caption(section: Section) -> str:
+    return (
+        f"data: {section.data}; n = {section.n} positions in {section.n_examples} examples; "
+        f"{section.baseline_kind}-attention baseline = {_fmt(section.baseline)}; "
+        "CI: 95% bootstrap over examples"
+    )
+
+
 def top_heads_table(report: Report, section: Section, top: int) -> Table:
     rows = report.table[
         (report.table.detector == section.detector)
         & (report.table.relation == section.relation)
         & (report.table.direction == section.direction)
     ].sort_values("rank")
-    table = Table(
-        title=f"[bold]{section_title(section)}[/bold] — {section.summary}",
-        caption=(
-            f"data: {section.data}; n = {section.n} positions in {section.n_examples} examples; "
-            f"{section.baseline_kind} baseline = {_fmt(section.baseline)}; 95% bootstrap CI over examples"
-        ),
-        title_justify="left",
-        caption_justify="left",
-    )
+    table = Table()
     for name, justify in [
         ("rank", "right"),
         ("layer", "right"),
@@ -117,11 +117,15 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
 
 def print_report(report: Report, console: Console, top: int) -> None:
     for section in report.sections:
+        # Heading and notes go on their own lines: a table title would wrap at the table's width.
+        console.print(f"[bold]{section_title(section)}[/bold]: {section.summary}")
         console.print(top_heads_table(report, section, top))
+        console.print(section_caption(section))
         console.print()
     if report.loss is not None:
         loss = report.loss
-        table = Table(title="[bold]next-token loss by copy[/bold] (in-context copying)", title_justify="left")
+        console.print("[bold]next-token loss by copy[/bold]: in-context copying of the repeated sequence")
+        table = Table()
         table.add_column("copy", justify="right")
         table.add_column("mean loss (nats)", justify="right")
         table.add_column("tokens", justify="right")

@@ -142,3 +142,12 @@ def test_core_does_not_import_typer():
     code = "import sys, headscope.analysis, headscope.report; print('typer' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_corrupt_gguf_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 7)
+    result = invoke("scan", broken)
+    assert_clean_error(result, 2, "cannot read GGUF file", "broken.gguf")
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())

@@ -55,3 +55,13 @@ def test_minilm_encoder_scan(minilm):
     assert previous.score > 0.5 and previous.ci_low > 5 * previous.baseline
     assert (table.kv_group == table["head"]).all()
     assert report.loss is None
+
+
+def test_a_gguf_path_loads_like_the_alias():
+    from headscope.models import bundled_path, load
+
+    gguf = bundled_path("smollm2-135m")
+    loaded = load(str(gguf))
+    assert loaded.name == gguf.name
+    assert (loaded.layout.n_layers, loaded.layout.n_heads, loaded.layout.n_kv_heads) == (30, 9, 3)
+    assert loaded.layout.max_positions == 8192
