@@ -210,7 +210,7 @@ def _detectors_for(source: str, names: Sequence[str] | None) -> list[Detector]:
 def scan(
     loaded: LoadedModel,
     *,
-    text_set: str | Path | None = None,
+    text_set: str | Path | PromptSet | None = None,
     repeat: RepeatSpec | None = None,
     detector_names: Sequence[str] | None = None,
     batch_size: int = 8,
@@ -226,7 +226,9 @@ def scan(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     repeat = repeat or RepeatSpec(seed=seed)
-    prompt_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
+    if not isinstance(text_set, PromptSet):
+        text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
+    prompt_set = text_set
     results: list[DetectorResult] = []
     used: list[Detector] = []
 

@@ -171,19 +171,22 @@ def scan(
     _setup_logging(debug)
     with _handle_errors(debug):
         from . import analysis, detectors, report
+        from .prompts import builtin, load_texts
 
         names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
         if names is not None:
             detectors.create(names)  # reject unknown names before loading anything
         if csv is not None:
             report.check_writable(csv)
+        # Read and validate the prompt set before spending seconds on loading a model.
+        text_set = load_texts(text if text is not None else builtin(analysis.DEFAULT_TEXT_SET))
         loaded = _load(model, device, dtype, capture)
         _header(loaded)
         spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed)
         with _progress() as progress:
             result = analysis.scan(
                 loaded,
-                text_set=text,
+                text_set=text_set,
                 repeat=spec,
                 detector_names=names,
                 batch_size=batch_size,
