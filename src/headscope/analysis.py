@@ -10,10 +10,14 @@ import pandas as pd
 import torch
 
 from . import capture, detectors
+from .align import AlignmentError, encode_with_spans
+from .conllu import Treebank, read_conllu
 from .detectors.base import Detector, DetectorResult
+from .detectors.coref import CorefDetector
+from .detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
 from .errors import InputError
 from .models import LoadedModel
-from .prompts import PromptSet, builtin, load_texts
+from .prompts import CorefSet, PromptSet, builtin, display_path, load_coref, load_texts
 from .results import head_table
 
 # progress(label, total) returns advance(n); the CLI draws a bar with it, tests pass None.
@@ -53,11 +57,14 @@ class Section:
     relation: str
     direction: str
     summary: str
-    data: str
+    data: str  # short name, as in the CSV's data column
+    description: str  # what the data is, for people
     n: int
     n_examples: int
     baseline: float | None
     baseline_kind: str
+    baseline_label: str = ""
+    extras: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,21 +93,24 @@ class Report:
     capture_mode: str
     loss: CopyLoss | None = None
     notes: list[str] = field(default_factory=list)
+    results: list[DetectorResult] = field(default_factory=list)
 
 
-def _sections(results: Sequence[DetectorResult], found: Sequence[Detector]) -> list[Section]:
-    summaries = {d.name: d.summary for d in found}
+def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
     return [
         Section(
             r.detector,
             r.relation,
             r.direction,
-            summaries.get(r.detector, ""),
+            detectors.REGISTRY[r.detector].summary,
             r.data,
+            descriptions.get(r.data, r.data),
             r.n,
             r.n_examples,
             r.baseline(),
             r.baseline_kind,
+            r.baseline_label,
+            dict(r.extras),
         )
         for r in results
     ]
@@ -111,7 +121,7 @@ def score_batches(
     batches: Sequence[capture.Batch],
     chosen: Sequence[Detector],
     n_examples: int,
-    data_label: str,
+    data_name: str,
     *,
     on_logits: Callable[[torch.Tensor, capture.Batch], None] | None = None,
     progress: ProgressFactory | None = None,
@@ -124,7 +134,7 @@ def score_batches(
         for detector in chosen:
             detector.update(layer, attn, batch)
 
-    advance = progress(data_label, n_examples) if progress else None
+    advance = progress(data_name, n_examples) if progress else None
     capture.run(
         loaded,
         batches,
@@ -132,7 +142,7 @@ def score_batches(
         on_logits=on_logits,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )
-    return [result for detector in chosen for result in detector.results(data_label)]
+    return [result for detector in chosen for result in detector.results(data_name)]
 
 
 def _check_context(loaded: LoadedModel, length: int, what: str) -> None:
@@ -207,6 +217,14 @@ def _detectors_for(source: str, names: Sequence[str] | None) -> list[Detector]:
     return [d for d in chosen if d.default_source == source]
 
 
+def _repeat_description(spec: RepeatSpec) -> str:
+    return f"repeated random tokens ({spec.n_seqs} x {spec.seq_len} tokens x {spec.repeats})"
+
+
+DEFAULT_TREEBANKS = ("syntax/en.conllu", "syntax/zh.conllu")
+DEFAULT_COREF_SETS = ("coref/en.yaml", "coref/zh.yaml")
+
+
 def scan(
     loaded: LoadedModel,
     *,
@@ -218,10 +236,11 @@ def scan(
     seed: int = 0,
     progress: ProgressFactory | None = None,
 ) -> Report:
-    """Run every head-level detector on the data it is defined on.
+    """Run every detector on the data it is defined on.
 
     Position detectors (previous-token, sink) read natural text; token-identity detectors
-    (duplicate-token, induction) read repeated random tokens, where the right answer is known.
+    (duplicate-token, induction) read repeated random tokens, where the right answer is known;
+    syntax and coreference read the shipped annotated English and Chinese sets.
     """
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
@@ -230,7 +249,8 @@ def scan(
         text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
     prompt_set = text_set
     results: list[DetectorResult] = []
-    used: list[Detector] = []
+    descriptions: dict[str, str] = {}
+    notes: list[str] = []
 
     text_detectors = _detectors_for("text", detector_names)
     if text_detectors:
@@ -238,9 +258,10 @@ def scan(
         batches = capture.make_batches(
             sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
         )
-        label = f"{prompt_set.name} ({len(sequences)} texts)"
-        results += score_batches(loaded, batches, text_detectors, len(sequences), label, progress=progress)
-        used += text_detectors
+        descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
+        results += score_batches(
+            loaded, batches, text_detectors, len(sequences), prompt_set.name, progress=progress
+        )
 
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
@@ -248,12 +269,214 @@ def scan(
         batches = capture.make_batches(
             sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
         )
-        label = f"repeated random tokens ({repeat.n_seqs} x {repeat.seq_len} tokens x {repeat.repeats})"
-        results += score_batches(loaded, batches, token_detectors, len(sequences), label, progress=progress)
-        used += token_detectors
+        descriptions["repeated-tokens"] = _repeat_description(repeat)
+        results += score_batches(
+            loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
+        )
+
+    if _detectors_for("treebank", detector_names):
+        for name in DEFAULT_TREEBANKS:
+            part = syntax(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
+            results += part.results
+            descriptions.update({s.data: s.description for s in part.sections})
+            notes += part.notes
+    if _detectors_for("coref", detector_names):
+        for name in DEFAULT_COREF_SETS:
+            part = coref(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
+            results += part.results
+            descriptions.update({s.data: s.description for s in part.sections})
+            notes += part.notes
 
     table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
-    return Report(loaded.name, table, _sections(results, used), loaded.capture_mode)
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, descriptions),
+        loaded.capture_mode,
+        notes=notes,
+        results=results,
+    )
+
+
+# --- syntax -------------------------------------------------------------------------------------
+
+
+def _encode_spans(
+    loaded: LoadedModel, text: str, spans: Sequence[tuple[int, int]]
+) -> tuple[list[int], list[bool], torch.Tensor, torch.Tensor]:
+    return encode_with_spans(loaded.tokenizer, text, spans)
+
+
+def syntax(
+    loaded: LoadedModel,
+    treebank: str | Path | Treebank,
+    *,
+    relations: Sequence[str] | None = None,
+    limit: int | None = None,
+    skip_bad: bool = False,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Score every head on every (relation, direction) of a CoNLL-U treebank."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    if not isinstance(treebank, Treebank):
+        treebank = read_conllu(treebank, skip_bad=skip_bad, limit=limit)
+    wanted = list(relations) if relations else list(DEFAULT_RELATIONS)
+    present = {w.deprel for s in treebank.sentences for w in s.words if w.head >= 0}
+    missing = [r for r in wanted if r not in present]
+    if relations and missing:
+        raise InputError(
+            f"relation(s) {', '.join(missing)} do not occur in {treebank.path}",
+            hint=f"relations there: {', '.join(sorted(present))}",
+        )
+    wanted = [r for r in wanted if r in present]
+    sequences, specials, metas = [], [], []
+    too_long = unaligned = 0
+    for sentence in treebank.sentences:
+        arcs = sentence.arcs(set(wanted))
+        if not arcs:
+            continue
+        try:
+            ids, special, to_word, from_word = _encode_spans(
+                loaded, sentence.text, [(w.start, w.end) for w in sentence.words]
+            )
+        except AlignmentError:
+            unaligned += 1
+            continue
+        if loaded.max_positions is not None and len(ids) > loaded.max_positions:
+            too_long += 1
+            continue
+        sequences.append(ids)
+        specials.append(special)
+        metas.append({"to_word": to_word, "from_word": from_word, "arcs": arcs, "id": sentence.id})
+    notes = []
+    if treebank.skipped:
+        notes.append(f"{treebank.name}: skipped {len(treebank.skipped)} malformed sentences (--skip-bad)")
+    if too_long:
+        notes.append(f"{treebank.name}: skipped {too_long} sentences longer than the model's context")
+    if unaligned:
+        notes.append(f"{treebank.name}: skipped {unaligned} sentences whose words no token covers")
+    if not sequences:
+        raise InputError(f"{treebank.path}: no sentence has arcs of the chosen relations that can be scored")
+    batches = capture.make_batches(
+        sequences,
+        specials,
+        batch_size=batch_size,
+        pad_id=_pad_id(loaded),
+        is_causal=loaded.is_causal,
+        meta=metas,
+    )
+    detector = SyntaxDetector(wanted)
+    data_name = f"syntax-{treebank.name}"
+    results = score_batches(loaded, batches, [detector], len(sequences), data_name, progress=progress)
+    unscored = detector.unscored()
+    if unscored:
+        notes.append(
+            f"{data_name}: not scored, because the target word always comes later and a causal model "
+            f"cannot see it: {', '.join(f'{r} {d}' for r, d in unscored)}"
+        )
+    description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
+    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, {data_name: description}),
+        loaded.capture_mode,
+        notes=notes,
+        results=results,
+    )
+
+
+# --- coreference --------------------------------------------------------------------------------
+
+
+def _nearest(pronoun: tuple[int, int], candidates: Sequence[tuple[int, int]], visible: Sequence[bool]) -> int:
+    """The visible candidate closest to the pronoun in characters (gap between the spans)."""
+
+    def gap(span: tuple[int, int]) -> int:
+        return pronoun[0] - span[1] if span[1] <= pronoun[0] else span[0] - pronoun[1]
+
+    options = [i for i, ok in enumerate(visible) if ok]
+    return min(options, key=lambda i: (gap(candidates[i]), -candidates[i][0]))
+
+
+def coref(
+    loaded: LoadedModel,
+    data: str | Path | CorefSet,
+    *,
+    skip_bad: bool = False,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Score every head on pronoun → antecedent selection."""
+    coref_set = data if isinstance(data, CorefSet) else load_coref(data, skip_bad=skip_bad)
+    sequences, specials, metas = [], [], []
+    cataphora = too_few = 0
+    for item in coref_set.items:
+        if loaded.is_causal:
+            visible = [end <= item.pronoun[0] for _, end in item.candidates]
+        else:
+            visible = [True] * len(item.candidates)
+        if not visible[item.antecedent]:
+            cataphora += 1
+            continue
+        if sum(visible) < 2:
+            too_few += 1
+            continue
+        try:
+            ids, special, to_word, from_word = _encode_spans(
+                loaded, item.text, [item.pronoun, *item.candidates]
+            )
+        except AlignmentError as exc:
+            raise InputError(f"{item.source}: {exc}") from exc
+        _check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
+        sequences.append(ids)
+        specials.append(special)
+        metas.append(
+            {
+                "to_word": to_word,
+                "from_word": from_word,
+                "visible": visible,
+                "antecedent": item.antecedent,
+                "nearest": _nearest(item.pronoun, item.candidates, visible),
+            }
+        )
+    data_name = coref_set.name
+    notes = []
+    if coref_set.skipped:
+        notes.append(f"{data_name}: skipped {len(coref_set.skipped)} malformed examples (--skip-bad)")
+    if cataphora:
+        notes.append(
+            f"{data_name}: excluded {cataphora} examples whose antecedent follows the pronoun (not visible to a causal model)"
+        )
+    if too_few:
+        notes.append(f"{data_name}: excluded {too_few} examples with fewer than two visible candidates")
+    if not sequences:
+        raise InputError(f"{coref_set.path}: no example can be scored by this model")
+    batches = capture.make_batches(
+        sequences,
+        specials,
+        batch_size=batch_size,
+        pad_id=_pad_id(loaded),
+        is_causal=loaded.is_causal,
+        meta=metas,
+    )
+    results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
+    description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
+    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, {data_name: description}),
+        loaded.capture_mode,
+        notes=notes,
+        results=results,
+    )
 
 
 class _CopyLossMeter:
@@ -305,16 +528,16 @@ def induction(
         meter = _CopyLossMeter(offset, spec.seq_len, spec.repeats)
     else:
         notes.append("loss by copy not reported: the model is not a causal language model with an LM head")
-    label = f"repeated random tokens ({spec.n_seqs} x {spec.seq_len} tokens x {spec.repeats})"
     results = score_batches(
-        loaded, batches, chosen, len(sequences), label, on_logits=meter, progress=progress
+        loaded, batches, chosen, len(sequences), "repeated-tokens", on_logits=meter, progress=progress
     )
     table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=spec.seed)
     return Report(
         loaded.name,
         table,
-        _sections(results, chosen),
+        _sections(results, {"repeated-tokens": _repeat_description(spec)}),
         loaded.capture_mode,
         loss=meter.result() if meter else None,
         notes=notes,
+        results=results,
     )

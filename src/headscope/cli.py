@@ -194,10 +194,7 @@ def scan(
                 seed=seed,
                 progress=progress,
             )
-        report.print_report(result, out, top)
-        if csv is not None:
-            path = report.write_atomic(csv, report.table_csv(result.table))
-            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
+        _finish(result, csv, top)
 
 
 @app.command()
@@ -235,10 +232,114 @@ def induction(
             result = analysis.induction(
                 loaded, spec, batch_size=batch_size, n_resamples=resamples, progress=progress
             )
-        report.print_report(result, out, top)
+        _finish(result, csv, top)
+
+
+SkipBadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad", help="Skip malformed sentences/examples (and count them) instead of stopping."
+    ),
+]
+
+
+@app.command()
+def syntax(
+    model: ModelArg = "smollm2-135m",
+    treebank: Annotated[
+        Path | None,
+        typer.Option("--treebank", help="A CoNLL-U file (default: the shipped English set)."),
+    ] = None,
+    relations: Annotated[
+        str | None,
+        typer.Option("--relations", help="Comma-separated UD relations (default: nsubj,obj,det,…)."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Read at most N sentences.")] = None,
+    skip_bad: SkipBadOpt = False,
+    csv: CsvOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    capture: CaptureOpt = CaptureMode.auto,
+    debug: DebugOpt = False,
+) -> None:
+    """Syntactic heads: per relation and direction, the best head against the best fixed offset."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from . import analysis, report
+        from .conllu import read_conllu
+        from .prompts import builtin
+
         if csv is not None:
-            path = report.write_atomic(csv, report.table_csv(result.table))
-            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
+            report.check_writable(csv)
+        source = treebank if treebank is not None else builtin(analysis.DEFAULT_TREEBANKS[0])
+        parsed = read_conllu(source, skip_bad=skip_bad, limit=limit)
+        wanted = [r.strip() for r in relations.split(",") if r.strip()] if relations else None
+        loaded = _load(model, device, dtype, capture)
+        _header(loaded)
+        with _progress() as progress:
+            result = analysis.syntax(
+                loaded,
+                parsed,
+                relations=wanted,
+                batch_size=batch_size,
+                n_resamples=resamples,
+                seed=seed,
+                progress=progress,
+            )
+        _finish(result, csv, top=10)
+
+
+@app.command()
+def coref(
+    model: ModelArg = "smollm2-135m",
+    data: Annotated[
+        Path | None,
+        typer.Option("--data", help="Coreference set, YAML or JSONL (default: the shipped English set)."),
+    ] = None,
+    skip_bad: SkipBadOpt = False,
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    capture: CaptureOpt = CaptureMode.auto,
+    debug: DebugOpt = False,
+) -> None:
+    """Coreference heads: does the pronoun attend most to its antecedent?"""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from . import analysis, report
+        from .prompts import builtin, load_coref
+
+        if csv is not None:
+            report.check_writable(csv)
+        coref_set = load_coref(
+            data if data is not None else builtin(analysis.DEFAULT_COREF_SETS[0]), skip_bad=skip_bad
+        )
+        loaded = _load(model, device, dtype, capture)
+        _header(loaded)
+        with _progress() as progress:
+            result = analysis.coref(
+                loaded, coref_set, batch_size=batch_size, n_resamples=resamples, seed=seed, progress=progress
+            )
+        _finish(result, csv, top)
+
+
+def _finish(result, csv: Path | None, top: int) -> None:  # noqa: ANN001
+    """Print the report to stdout, notes to stderr, and write the CSV."""
+    from . import report
+
+    report.print_report(result, out, top)
+    for note in result.notes:
+        err.print(f"note: {note}", soft_wrap=True)
+    if csv is not None:
+        path = report.write_atomic(csv, report.table_csv(result.table))
+        err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
 
 
 @app.command("models")

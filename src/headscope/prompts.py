@@ -62,6 +62,14 @@ def builtin(name: str) -> Path:
     return path
 
 
+def display_path(path: str | Path) -> str:
+    """Shipped sets show as ``configs/…``; user files as given."""
+    try:
+        return "configs/" + Path(path).resolve().relative_to(configs_dir().resolve()).as_posix()
+    except (ValueError, PromptSetError):
+        return str(path)
+
+
 class _LineLoader(yaml.SafeLoader):
     """SafeLoader that records the 1-based line of every mapping under the key ``__line__``."""
 
@@ -121,12 +129,9 @@ def _check_unique(items: list[TextItem]) -> None:
         seen[item.id] = item.source
 
 
-def load_texts(path: str | Path) -> PromptSet:
-    """Load a text prompt set from YAML, JSONL or plain text."""
-    path = Path(path)
-    text = _read_text(path)
+def _raw_items(path: Path, text: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """(where, raw item) pairs from YAML or JSONL, plus the YAML header (name, description)."""
     suffix = path.suffix.lower()
-    stem = path.stem
     if suffix in {".yaml", ".yml"}:
         try:
             data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
@@ -139,27 +144,32 @@ def load_texts(path: str | Path) -> PromptSet:
             raise PromptSetError(f"{path}: expected a mapping with an 'items' list")
         if not data["items"]:
             raise PromptSetError(f"{path}: 'items' is empty")
-        items = [
-            _text_item(raw, f"{path}:{raw.get('__line__', '?') if isinstance(raw, dict) else '?'}", i, stem)
-            for i, raw in enumerate(data["items"])
+        where = [
+            f"{path}:{raw.get('__line__', '?') if isinstance(raw, dict) else '?'}" for raw in data["items"]
         ]
-        result = PromptSet(
-            str(data.get("name", stem)), items, str(path), str(data.get("description", "")).strip()
-        )
-    elif suffix == ".jsonl":
+        header = {k: v for k, v in data.items() if k not in {"items", "__line__"}}
+        return list(zip(where, data["items"], strict=True)), header
+    if suffix == ".jsonl":
         items = []
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
+                items.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise PromptSetError(
                     f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})"
                 ) from exc
-            items.append(_text_item(raw, f"{path}:{lineno}", len(items), stem))
-        result = PromptSet(stem, items, str(path))
-    elif suffix in {".txt", ""}:
+        return items, {}
+    raise PromptSetError(f"{path}: unknown prompt-set format '{suffix}'", hint="use .yaml or .jsonl")
+
+
+def load_texts(path: str | Path) -> PromptSet:
+    """Load a text prompt set from YAML, JSONL or plain text (one text per line)."""
+    path = Path(path)
+    text = _read_text(path)
+    stem = path.stem
+    if path.suffix.lower() in {".txt", ""}:
         items = [
             TextItem(f"{stem}-{lineno}", line.strip(), None, f"{path}:{lineno}")
             for lineno, line in enumerate(text.splitlines(), start=1)
@@ -167,8 +177,107 @@ def load_texts(path: str | Path) -> PromptSet:
         ]
         result = PromptSet(stem, items, str(path))
     else:
-        raise PromptSetError(
-            f"{path}: unknown prompt-set format '{suffix}'", hint="use .yaml, .jsonl or .txt"
+        if path.suffix.lower() not in {".yaml", ".yml", ".jsonl"}:
+            raise PromptSetError(
+                f"{path}: unknown prompt-set format '{path.suffix}'", hint="use .yaml, .jsonl or .txt"
+            )
+        raw_items, header = _raw_items(path, text)
+        items = [_text_item(raw, where, i, stem) for i, (where, raw) in enumerate(raw_items)]
+        result = PromptSet(
+            str(header.get("name", stem)), items, str(path), str(header.get("description", "")).strip()
         )
     _check_unique(result.items)
     return result
+
+
+# --- coreference sets ------------------------------------------------------------------------
+
+COREF_ITEM_KEYS = {"id", "lang", "text", "pronoun", "candidates", "antecedent", "note"}
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class CorefItem:
+    id: str
+    text: str
+    pronoun: Span
+    candidates: tuple[Span, ...]
+    antecedent: int
+    lang: str | None = None
+    source: str = ""
+
+
+@dataclass
+class CorefSet:
+    name: str
+    items: list[CorefItem]
+    path: str
+    skipped: list[str] = field(default_factory=list)
+
+
+def _span(value: Any, what: str, where: str, text: str) -> Span:
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise PromptSetError(
+            f"{where}: {what} must be a [start, end) pair of character offsets, got {value!r}"
+        )
+    start, end = value
+    if not 0 <= start < end <= len(text):
+        raise PromptSetError(
+            f"{where}: {what} [{start}, {end}) is outside the text (length {len(text)}) or empty"
+        )
+    return (start, end)
+
+
+def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
+    if not isinstance(raw, dict):
+        raise PromptSetError(f"{where}: item {index} must be a mapping, got {type(raw).__name__}")
+    raw = {k: v for k, v in raw.items() if k != "__line__"}
+    unknown = set(raw) - COREF_ITEM_KEYS
+    if unknown:
+        raise PromptSetError(
+            f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}",
+            hint=f"allowed: {', '.join(sorted(COREF_ITEM_KEYS))}",
+        )
+    for key in ("text", "pronoun", "candidates", "antecedent"):
+        if key not in raw:
+            raise PromptSetError(f"{where}: missing '{key}'")
+    text = raw["text"]
+    if not isinstance(text, str) or not text.strip():
+        raise PromptSetError(f"{where}: 'text' must be a non-empty string")
+    pronoun = _span(raw["pronoun"], "'pronoun'", where, text)
+    candidates = raw["candidates"]
+    if not isinstance(candidates, list) or len(candidates) < 2:
+        raise PromptSetError(f"{where}: 'candidates' must list at least two spans")
+    spans = tuple(_span(c, f"candidate {i}", where, text) for i, c in enumerate(candidates))
+    for i, (start, end) in enumerate(spans):
+        if start < pronoun[1] and pronoun[0] < end:
+            raise PromptSetError(f"{where}: candidate {i} overlaps the pronoun")
+    antecedent = raw["antecedent"]
+    if not isinstance(antecedent, int) or isinstance(antecedent, bool) or not 0 <= antecedent < len(spans):
+        raise PromptSetError(
+            f"{where}: 'antecedent' must be an index into 'candidates' (0..{len(spans) - 1}), got {antecedent!r}"
+        )
+    lang = raw.get("lang")
+    return CorefItem(str(raw.get("id", f"{stem}-{index + 1}")), text, pronoun, spans, antecedent, lang, where)
+
+
+def load_coref(path: str | Path, *, skip_bad: bool = False) -> CorefSet:
+    """Load a coreference set (YAML or JSONL). Bad items raise unless ``skip_bad``."""
+    path = Path(path)
+    raw_items, header = _raw_items(path, _read_text(path))
+    items, skipped = [], []
+    for index, (where, raw) in enumerate(raw_items):
+        try:
+            items.append(_coref_item(raw, where, index, path.stem))
+        except PromptSetError as exc:
+            if not skip_bad:
+                raise
+            skipped.append(str(exc))
+    if not items:
+        raise PromptSetError(f"{path}: no valid items")
+    _check_unique(items)  # type: ignore[arg-type]
+    return CorefSet(str(header.get("name", path.stem)), items, str(path), skipped)

@@ -8,10 +8,12 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from .analysis import Report, Section
+from .detectors.syntax import RELATION_NAMES
 from .errors import OutputError
 
 
@@ -78,19 +80,66 @@ def section_title(section: Section) -> str:
 
 
 def section_caption(section: Section) -> str:
+    if section.detector == "coref":
+        return (
+            f"data: {section.description}; n = {section.n} examples; nearest-candidate baseline = "
+            f"{_fmt(section.baseline)}; chance = {_fmt(section.extras.get('chance'))}; "
+            "CI: 95% bootstrap over examples"
+        )
     return (
-        f"data: {section.data}; n = {section.n} positions in {section.n_examples} examples; "
+        f"data: {section.description}; n = {section.n} positions in {section.n_examples} examples; "
         f"{section.baseline_kind}-attention baseline = {_fmt(section.baseline)}; "
         "CI: 95% bootstrap over examples"
     )
 
 
-def top_heads_table(report: Report, section: Section, top: int) -> Table:
-    rows = report.table[
-        (report.table.detector == section.detector)
-        & (report.table.relation == section.relation)
-        & (report.table.direction == section.direction)
+def _rows(report: Report, section: Section) -> pd.DataFrame:
+    table = report.table
+    return table[
+        (table.data == section.data)
+        & (table.detector == section.detector)
+        & (table.relation == section.relation)
+        & (table.direction == section.direction)
     ].sort_values("rank")
+
+
+def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
+    """One row per relation and direction: the best head against the best fixed offset."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for name, justify in [
+        ("relation", "left"),
+        ("direction", "left"),
+        ("n", "right"),
+        ("head", "right"),
+        ("acc", "right"),
+        ("95% CI", "center"),
+        ("baseline", "right"),
+        ("margin", "right"),
+    ]:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for section in sections:
+        best = _rows(report, section).iloc[0]
+        baseline = section.baseline or 0.0
+        table.add_row(
+            section.relation,
+            section.direction,
+            str(section.n),
+            f"L{best['layer']} H{best['head']}",
+            _fmt(best["score"]),
+            f"{_fmt(best['ci_low'])}–{_fmt(best['ci_high'])}",
+            f"{_fmt(section.baseline)} ({section.baseline_label.removeprefix('offset ')})",
+            f"{best['score'] - baseline:+.3f}",
+        )
+    return table
+
+
+def relation_legend(sections: list[Section]) -> str:
+    names = dict.fromkeys(s.relation for s in sections)
+    return "; ".join(f"{r} = {RELATION_NAMES[r]}" for r in names if r in RELATION_NAMES)
+
+
+def top_heads_table(report: Report, section: Section, top: int) -> Table:
+    rows = _rows(report, section)
     table = Table()
     for name, justify in [
         ("rank", "right"),
@@ -116,9 +165,27 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
 
 
 def print_report(report: Report, console: Console, top: int) -> None:
+    printed_syntax: set[str] = set()
     for section in report.sections:
+        if section.detector == "syntax":
+            if section.data in printed_syntax:
+                continue
+            printed_syntax.add(section.data)
+            group = [s for s in report.sections if s.detector == "syntax" and s.data == section.data]
+            console.print(f"[bold]syntax · {section.data}[/bold]: {section.summary}")
+            console.print(syntax_summary_table(report, group))
+            console.print(relation_legend(group))
+            console.print(
+                f"data: {section.description}; baseline: best fixed offset (always the word k positions "
+                "away); CI: 95% bootstrap over sentences"
+            )
+            console.print()
+            continue
         # Heading and notes go on their own lines: a table title would wrap at the table's width.
-        console.print(f"[bold]{section_title(section)}[/bold]: {section.summary}")
+        title = section_title(section)
+        if section.detector == "coref":
+            title = f"coreference · {section.data} · {RELATION_NAMES['coref']}"
+        console.print(f"[bold]{title}[/bold]: {section.summary}")
         console.print(top_heads_table(report, section, top))
         console.print(section_caption(section))
         console.print()
@@ -139,5 +206,3 @@ def print_report(report: Report, console: Console, top: int) -> None:
             f"first copy {_fmt(loss.first)} vs later copies {_fmt(loss.later)} nats "
             f"({ratio:.1f}x lower once the sequence has been seen)"
         )
-    for note in report.notes:
-        console.print(f"note: {note}")

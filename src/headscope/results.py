@@ -25,6 +25,7 @@ CSV_COLUMNS = [
     "n",
     "rank",
     "role",
+    "data",
 ]
 
 
@@ -56,6 +57,7 @@ def head_table(
             "ci_high": high.reshape(-1),
             "n": result.n,
             "role": "",
+            "data": result.data,
         }
         frame = pd.DataFrame(rows)
         frame["rank"] = frame["score"].rank(ascending=False, method="first").astype(int)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from .base import Detector, DetectorResult
+from .coref import CorefDetector
 from .induction import DuplicateTokenDetector, InductionDetector
 from .positional import PreviousTokenDetector, SinkDetector
+from .syntax import SyntaxDetector
 
 REGISTRY: dict[str, type[Detector]] = {
-    cls.name: cls for cls in (PreviousTokenDetector, DuplicateTokenDetector, InductionDetector, SinkDetector)
+    cls.name: cls
+    for cls in (
+        PreviousTokenDetector,
+        DuplicateTokenDetector,
+        InductionDetector,
+        SinkDetector,
+        SyntaxDetector,
+        CorefDetector,
+    )
 }
 
 

@@ -17,7 +17,7 @@ score = sums.sum(0) / counts.sum() and baseline = baseline_sums.sum() / counts.s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
@@ -26,7 +26,7 @@ from ..capture import Batch
 from ..models import HeadLayout
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits"]
-Source = Literal["text", "repeated-tokens"]
+Source = Literal["text", "repeated-tokens", "treebank", "coref"]
 
 
 @dataclass
@@ -41,6 +41,8 @@ class DetectorResult:
     baseline_sums: torch.Tensor  # [E] float64
     baseline_kind: str
     data: str = ""
+    baseline_label: str = ""  # e.g. "offset -1" for the fixed-offset syntax baseline
+    extras: dict[str, float] = field(default_factory=dict)  # e.g. {"chance": 0.5}
 
     @property
     def n(self) -> int:

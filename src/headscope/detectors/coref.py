@@ -1,0 +1,61 @@
+"""Coreference heads: does the pronoun attend most to its antecedent among the candidates?
+
+Each example has a pronoun (or demonstrative) span and candidate mention spans. A head is right
+on an example when, of the visible candidates, the one that receives the most attention from the
+pronoun (mean over the pronoun's tokens, summed over the candidate's tokens) is the antecedent.
+Baselines: the nearest visible candidate, and chance (1 / visible candidates).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..align import word_attention
+from ..capture import Batch
+from .base import Detector, DetectorResult
+from .syntax import word_maps
+
+
+class CorefDetector(Detector):
+    name = "coref"
+    summary = "accuracy of the most-attended candidate, from the pronoun, against the gold antecedent"
+    needs = frozenset({"coref"})
+    default_source = "coref"
+    baseline_kind = "nearest-candidate"
+
+    def start(self, layout, n_examples):  # noqa: ANN001
+        super().start(layout, n_examples)
+        self._chance = torch.zeros(n_examples, dtype=torch.float64)
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        to_word, from_word, word_mask = word_maps(batch)  # column 0 is the pronoun
+        scores = word_attention(attn, to_word, from_word)[:, :, 0, 1:]  # [B, H, C]
+        visible = torch.zeros(scores.shape[0], scores.shape[-1], dtype=torch.bool, device=scores.device)
+        for row, meta in enumerate(batch.meta):
+            visible[row, : len(meta["visible"])] = torch.tensor(meta["visible"])
+        predicted = scores.masked_fill(~visible[:, None, :], float("-inf")).argmax(-1)  # [B, H]
+        antecedent = torch.tensor([m["antecedent"] for m in batch.meta], device=scores.device)
+        hits = (predicted == antecedent[:, None]).float()
+        counts = torch.ones(len(batch.meta))
+        nearest = torch.tensor([float(m["nearest"] == m["antecedent"]) for m in batch.meta])
+        self._accumulate(layer, batch, hits, counts, nearest)
+        if layer == self._counted_layer:
+            chance = torch.tensor([1.0 / sum(m["visible"]) for m in batch.meta], dtype=torch.float64)
+            self._chance[batch.example_index] += chance
+
+    def results(self, data: str = "") -> list[DetectorResult]:
+        total = self._counts.sum()
+        chance = float(self._chance.sum() / total) if total > 0 else float("nan")
+        return [
+            DetectorResult(
+                self.name,
+                "coref",
+                "pronoun->antecedent",
+                self._sums,
+                self._counts,
+                self._baseline,
+                self.baseline_kind,
+                data,
+                extras={"chance": chance},
+            )
+        ]

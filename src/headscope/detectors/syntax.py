@@ -1,0 +1,184 @@
+"""Syntactic heads (Clark et al. 2019): does the most-attended word match the gold dependency?
+
+For every arc (dependent d, head h, relation r) and each direction:
+
+* ``dep->head``: the dependent's word-level attention row; correct when its argmax (self
+  excluded) is h;
+* ``head->dep``: the head's row; correct when its argmax is d.
+
+In a causal model a word sees only earlier words, so a direction whose target comes later is not
+counted (n says how many pairs each direction could see). The baseline is the best fixed offset:
+"always predict the word k positions away", k in [-max_offset, max_offset] without 0, chosen per
+relation and direction on the same pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..align import pad_maps, word_attention
+from ..capture import Batch
+from ..models import HeadLayout
+from .base import Detector, DetectorResult
+
+DIRECTIONS = ("dep->head", "head->dep")
+DEFAULT_RELATIONS = ("nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark")
+
+# Plain-language names shown next to UD labels.
+RELATION_NAMES = {
+    "nsubj": "subject–verb (主谓)",
+    "obj": "verb–object (动宾)",
+    "iobj": "verb–indirect object",
+    "det": "determiner–noun",
+    "amod": "adjective–noun",
+    "advmod": "adverb–modified word",
+    "aux": "auxiliary–verb",
+    "case": "case marker/preposition–noun",
+    "mark": "subordinator–clause",
+    "clf": "classifier–noun (量词)",
+    "nmod": "noun–noun modifier",
+    "obl": "oblique–verb",
+    "compound": "compound",
+    "conj": "conjunct",
+    "cc": "coordinator",
+    "advcl": "adverbial clause",
+    "acl": "clausal modifier",
+    "xcomp": "open clausal complement",
+    "ccomp": "clausal complement",
+    "cop": "copula",
+    "nummod": "number–noun",
+    "coref": "pronoun → antecedent (指代)",
+}
+
+
+def word_maps(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded (to_word, from_word, real-word mask) for a batch whose meta holds the maps."""
+    if "word_maps" not in batch._cache:
+        length = batch.input_ids.shape[1]
+        device = batch.input_ids.device
+        to_word = pad_maps([m["to_word"] for m in batch.meta], length).to(device)
+        from_word = pad_maps([m["from_word"] for m in batch.meta], length).to(device)
+        n_words = torch.tensor([m["to_word"].shape[1] for m in batch.meta], device=device)
+        word_mask = torch.arange(to_word.shape[2], device=device)[None, :] < n_words[:, None]
+        batch._cache["word_maps"] = to_word
+        batch._cache["from_word"] = from_word
+        batch._cache["word_mask"] = word_mask
+    return batch._cache["word_maps"], batch._cache["from_word"], batch._cache["word_mask"]
+
+
+class SyntaxDetector(Detector):
+    name = "syntax"
+    summary = "accuracy of the most-attended word (self excluded) against the gold dependency"
+    needs = frozenset({"words", "arcs"})
+    default_source = "treebank"
+    baseline_kind = "fixed-offset"
+
+    def __init__(self, relations: Sequence[str] = DEFAULT_RELATIONS, max_offset: int = 5) -> None:
+        self.relations = list(dict.fromkeys(relations))
+        self.max_offset = max_offset
+        self.keys = [(r, d) for r in self.relations for d in DIRECTIONS]
+        self._key_index = {key: i for i, key in enumerate(self.keys)}
+
+    def start(self, layout: HeadLayout, n_examples: int) -> None:
+        self.layout = layout
+        self.n_examples = n_examples
+        n_keys = len(self.keys)
+        self._hits = torch.zeros(n_keys, n_examples, layout.n_layers, layout.n_heads, dtype=torch.float32)
+        self._pairs = torch.zeros(n_keys, n_examples, dtype=torch.float64)
+        self._offset_hits = torch.zeros(n_keys, n_examples, 2 * self.max_offset + 1, dtype=torch.float64)
+        self._counted_layer: int | None = None
+
+    def _pairs_of(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Flattened (row, query word, target word, key) for every arc direction the model can see."""
+        if "syntax_pairs" in batch._cache:
+            return batch._cache  # type: ignore[return-value]
+        rows, queries, targets, keys = [], [], [], []
+        for row, meta in enumerate(batch.meta):
+            for dep, head, rel in meta["arcs"]:
+                for direction in DIRECTIONS:
+                    key = self._key_index.get((rel, direction))
+                    if key is None:
+                        continue
+                    query, target = (dep, head) if direction == "dep->head" else (head, dep)
+                    if batch.is_causal and target > query:
+                        continue  # the query word cannot see a later word
+                    rows.append(row)
+                    queries.append(query)
+                    targets.append(target)
+                    keys.append(key)
+        device = batch.input_ids.device
+        batch._cache["syntax_pairs"] = torch.tensor(rows, dtype=torch.long, device=device)
+        batch._cache["syntax_queries"] = torch.tensor(queries, dtype=torch.long, device=device)
+        batch._cache["syntax_targets"] = torch.tensor(targets, dtype=torch.long, device=device)
+        batch._cache["syntax_keys"] = torch.tensor(keys, dtype=torch.long, device=device)
+        return batch._cache  # type: ignore[return-value]
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        cache = self._pairs_of(batch)
+        rows, queries, targets, keys = (
+            cache["syntax_pairs"],
+            cache["syntax_queries"],
+            cache["syntax_targets"],
+            cache["syntax_keys"],
+        )
+        if len(rows) == 0:
+            return
+        to_word, from_word, word_mask = word_maps(batch)
+        scores = word_attention(attn, to_word, from_word)  # [B, H, W, W]
+        n_words = scores.shape[-1]
+        allowed = word_mask[:, None, None, :] & ~torch.eye(n_words, dtype=torch.bool, device=scores.device)
+        if batch.is_causal:
+            allowed = allowed & torch.ones(n_words, n_words, dtype=torch.bool, device=scores.device).tril()
+        predicted = scores.masked_fill(~allowed, float("-inf")).argmax(-1)  # [B, H, W]
+        hits = predicted[rows, :, queries] == targets[:, None]  # [P, H]
+        examples = batch.example_index.to(rows.device)[rows]
+        layer_index = torch.full_like(rows, layer)
+        self._hits.index_put_(
+            (keys.cpu(), examples.cpu(), layer_index.cpu()), hits.float().cpu(), accumulate=True
+        )
+        if self._counted_layer is None:
+            self._counted_layer = layer
+        if layer == self._counted_layer:  # pair counts and offsets do not depend on the layer
+            ones = torch.ones(len(rows), dtype=torch.float64)
+            self._pairs.index_put_((keys.cpu(), examples.cpu()), ones, accumulate=True)
+            offsets = (targets - queries).cpu()
+            inside = offsets.abs() <= self.max_offset
+            self._offset_hits.index_put_(
+                (keys.cpu()[inside], examples.cpu()[inside], offsets[inside] + self.max_offset),
+                ones[inside],
+                accumulate=True,
+            )
+
+    def best_offset(self, key: int) -> tuple[int, torch.Tensor]:
+        totals = self._offset_hits[key].sum(0)
+        totals[self.max_offset] = -1  # offset 0 is the word itself
+        best = int(totals.argmax())
+        return best - self.max_offset, self._offset_hits[key, :, best]
+
+    def results(self, data: str = "") -> list[DetectorResult]:
+        out = []
+        for key, (relation, direction) in enumerate(self.keys):
+            counts = self._pairs[key]
+            if counts.sum() == 0:
+                continue
+            offset, baseline = self.best_offset(key)
+            out.append(
+                DetectorResult(
+                    self.name,
+                    relation,
+                    direction,
+                    self._hits[key].double(),
+                    counts,
+                    baseline,
+                    self.baseline_kind,
+                    data,
+                    baseline_label=f"offset {offset:+d}",
+                )
+            )
+        return out
+
+    def unscored(self) -> list[tuple[str, str]]:
+        """(relation, direction) pairs that had no visible arcs."""
+        return [key for i, key in enumerate(self.keys) if self._pairs[i].sum() == 0]
