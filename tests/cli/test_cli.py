@@ -52,7 +52,9 @@ def test_scan_on_toy_with_text_set(toy_dir, toy_texts, tmp_path):
     for detector in ("previous-token", "sink", "duplicate-token", "induction"):
         assert detector in result.stdout
     rows = list(csv.DictReader(io.StringIO(target.read_text())))
-    assert len(rows) == 4 * 8
+    head_level = [r for r in rows if r["relation"] == ""]
+    assert len(head_level) == 4 * 8
+    assert {r["data"] for r in rows} >= {"symbols", "repeated-tokens", "syntax-en", "coref-zh"}
     best_prev = min((r for r in rows if r["detector"] == "previous-token"), key=lambda r: int(r["rank"]))
     assert (best_prev["layer"], best_prev["head"]) == ("0", "1")
 

@@ -17,11 +17,15 @@ def test_smollm2_scan_every_head_every_detector(smollm2):
     report = analysis.scan(smollm2, n_resamples=200)
     table = report.table
     assert list(table.columns) == CSV_COLUMNS
-    counts = table.groupby("detector").size().to_dict()
-    assert counts == {"previous-token": 270, "duplicate-token": 270, "induction": 270, "sink": 270}
-    for detector, group in table.groupby("detector"):
-        assert sorted(group["rank"]) == list(range(1, 271)), detector
+    groups = table.groupby(["data", "detector", "relation", "direction"]).size()
+    assert set(groups) == {270}
+    head_level = table[table.relation == ""].groupby("detector").size().to_dict()
+    assert head_level == {"previous-token": 270, "duplicate-token": 270, "induction": 270, "sink": 270}
+    assert {"syntax-en", "syntax-zh", "coref-en", "coref-zh"} <= set(table.data)
+    for key, group in table.groupby(["data", "detector", "relation", "direction"]):
+        assert sorted(group["rank"]) == list(range(1, 271)), key
         assert group.score.between(0, 1 + 1e-6).all()
+    for detector, group in table[table.relation == ""].groupby("detector"):
         best = group[group["rank"] == 1].iloc[0]
         # Each role exists in a 135M model and stands far above uniform attention.
         assert best.ci_low > 3 * best.baseline, (detector, best.score, best.baseline)
@@ -48,8 +52,9 @@ def test_minilm_encoder_scan(minilm):
     assert not minilm.is_causal
     report = analysis.scan(minilm, n_resamples=200)
     table = report.table
-    counts = table.groupby("detector").size().to_dict()
+    counts = table[table.relation == ""].groupby("detector").size().to_dict()
     assert set(counts.values()) == {72} and len(counts) == 4
+    assert set(table.groupby(["data", "detector", "relation", "direction"]).size()) == {72}
     previous = table[table.detector == "previous-token"].sort_values("rank").iloc[0]
     # BERT-style models have strong previous-token heads (Clark et al. 2019).
     assert previous.score > 0.5 and previous.ci_low > 5 * previous.baseline

@@ -77,3 +77,51 @@ def test_missing_file_and_directory(tmp_path):
         load_texts(tmp_path / "nope.yaml")
     with pytest.raises(PromptSetError, match="is a directory"):
         load_texts(tmp_path)
+
+
+COREF_OK = """name: c
+items:
+  - text: "Mary met John, and she smiled."
+    pronoun: [19, 22]
+    candidates: [[0, 4], [9, 13]]
+    antecedent: 0
+"""
+
+
+def test_coref_set_loads_and_shipped_sets_are_big_enough():
+    from headscope.prompts import load_coref
+
+    for name in ("coref/en.yaml", "coref/zh.yaml"):
+        coref_set = load_coref(builtin(name))
+        assert len(coref_set.items) >= 150
+        nearest_wrong = sum(
+            max((c for c in it.candidates if c[1] <= it.pronoun[0]), key=lambda c: c[1])
+            != it.candidates[it.antecedent]
+            for it in coref_set.items
+        )
+        assert nearest_wrong >= len(coref_set.items) // 3
+    zh = load_coref(builtin("coref/zh.yaml"))
+    demonstrative = [it for it in zh.items if it.text[it.pronoun[0]] == "那"]
+    assert demonstrative and any(
+        it.text[slice(*it.candidates[it.antecedent])] == "风景画" for it in demonstrative
+    )
+
+
+@pytest.mark.parametrize(
+    ("replace", "message"),
+    [
+        (("[19, 22]", "[19, 99]"), r"c\.yaml:3: 'pronoun' \[19, 99\) is outside the text"),
+        (("antecedent: 0", "antecedent: 2"), r"'antecedent' must be an index into 'candidates' \(0\.\.1\)"),
+        (("[[0, 4], [9, 13]]", "[[0, 4]]"), r"at least two spans"),
+        (("[[0, 4], [9, 13]]", "[[0, 4], [18, 20]]"), r"candidate 1 overlaps the pronoun"),
+        (("    antecedent: 0\n", ""), r"missing 'antecedent'"),
+    ],
+)
+def test_malformed_coref_sets(tmp_path, replace, message):
+    from headscope.prompts import load_coref
+
+    bad = COREF_OK.replace(*replace)
+    with pytest.raises(PromptSetError, match=message):
+        load_coref(write(tmp_path, "c.yaml", bad))
+    good = load_coref(write(tmp_path, "ok.yaml", COREF_OK + bad.split("items:\n")[1]), skip_bad=True)
+    assert len(good.items) == 1 and len(good.skipped) == 1
