@@ -479,13 +479,19 @@ def coref(
     )
 
 
-class _CopyLossMeter:
-    """Accumulates next-token loss by copy index from the logits of each batch."""
+class CopyLossMeter:
+    """Accumulates next-token loss by copy index from the logits of each batch.
 
-    def __init__(self, offset: int, seq_len: int, repeats: int) -> None:
+    Also keeps, per example, the loss summed over the later copies and its token count, so that
+    the later-copy loss can be bootstrapped over sequences.
+    """
+
+    def __init__(self, offset: int, seq_len: int, repeats: int, n_examples: int) -> None:
         self.offset, self.seq_len, self.repeats = offset, seq_len, repeats
         self.loss_sum = torch.zeros(repeats, dtype=torch.float64)
         self.tokens = torch.zeros(repeats, dtype=torch.long)
+        self.later_sum = torch.zeros(n_examples, dtype=torch.float64)
+        self.later_tokens = torch.zeros(n_examples, dtype=torch.float64)
 
     def __call__(self, logits: torch.Tensor, batch: capture.Batch) -> None:
         targets = batch.input_ids[:, 1:]
@@ -499,6 +505,10 @@ class _CopyLossMeter:
             mask = in_body & (copy_index == copy)
             self.loss_sum[copy] += losses[:, mask].double().sum()
             self.tokens[copy] += int(mask.sum()) * losses.shape[0]
+        later = in_body & (copy_index >= 1)
+        rows = batch.example_index
+        self.later_sum[rows] += losses[:, later].double().sum(1)
+        self.later_tokens[rows] += float(later.sum())
 
     def result(self) -> CopyLoss:
         per_copy = (self.loss_sum / self.tokens.clamp(min=1)).tolist()
@@ -525,7 +535,7 @@ def induction(
     meter = None
     notes = []
     if loaded.is_causal and loaded.has_lm_head:
-        meter = _CopyLossMeter(offset, spec.seq_len, spec.repeats)
+        meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, len(sequences))
     else:
         notes.append("loss by copy not reported: the model is not a causal language model with an LM head")
     results = score_batches(

@@ -120,20 +120,60 @@ def make_batches(
     return batches
 
 
-class _LayerSink:
-    """Receives each layer's weights during one forward pass."""
+@dataclass(frozen=True)
+class Ablation:
+    """Heads whose attention output is replaced: by zeros, or by its mean over the batch's real rows.
 
-    def __init__(self, callback: LayerCallback, batch: Batch) -> None:
+    The replacement acts on each head's output before the output projection, so it removes
+    exactly that head's contribution to the residual stream.
+    """
+
+    heads: dict[int, tuple[int, ...]]  # layer -> query heads
+    mode: str = "zero"  # "zero" or "mean"
+
+    def __post_init__(self) -> None:
+        if self.mode not in {"zero", "mean"}:
+            raise ValueError(f"unknown ablation mode {self.mode!r}")
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[int, int]], mode: str = "zero") -> Ablation:
+        heads: dict[int, list[int]] = {}
+        for layer, head in pairs:
+            heads.setdefault(int(layer), []).append(int(head))
+        return cls({layer: tuple(sorted(set(h))) for layer, h in heads.items()}, mode)
+
+    def apply(self, layer: int, output: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``output`` is [B, H, T, D]; returns it with the ablated heads replaced."""
+        heads = self.heads.get(layer)
+        if not heads:
+            return output
+        output = output.clone()
+        index = torch.tensor(heads, device=output.device)
+        if self.mode == "zero":
+            output[:, index] = 0.0
+        else:
+            rows = batch.attention_mask[:, None, :, None].to(output.dtype)  # [B, 1, T, 1]
+            mean = (output[:, index] * rows).sum(0, keepdim=True) / rows.sum(0, keepdim=True).clamp(min=1)
+            output[:, index] = mean.expand(output.shape[0], -1, -1, -1)
+        return output
+
+
+class _LayerSink:
+    """Receives each layer's weights during one forward pass, and applies any ablation."""
+
+    def __init__(self, callback: LayerCallback, batch: Batch, ablation: Ablation | None = None) -> None:
         self.callback = callback
         self.batch = batch
+        self.ablation = ablation
         self.calls = 0
 
-    def deliver(self, module: Any, weights: torch.Tensor) -> None:
+    def deliver(self, module: Any, weights: torch.Tensor) -> int:
         layer = getattr(module, "layer_idx", None)
         if layer is None:  # models that do not number their attention modules run them in order
             layer = self.calls
         self.calls += 1
         self.callback(int(layer), weights, self.batch)
+        return int(layer)
 
 
 _ACTIVE_SINK: ContextVar[_LayerSink | None] = ContextVar("headscope_sink", default=None)
@@ -182,9 +222,10 @@ def streaming_attention(
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
     sink = _ACTIVE_SINK.get()
-    if sink is not None:
-        sink.deliver(module, weights)
-    output = torch.matmul(weights.to(value.dtype), value)
+    layer = sink.deliver(module, weights) if sink is not None else None
+    output = torch.matmul(weights.to(value.dtype), value)  # [B, H, T, D]
+    if sink is not None and sink.ablation is not None and layer is not None:
+        output = sink.ablation.apply(layer, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -205,8 +246,8 @@ def register_streaming_attention() -> None:
 
 
 @contextlib.contextmanager
-def _sink(callback: LayerCallback, batch: Batch) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch)
+def _sink(callback: LayerCallback, batch: Batch, ablation: Ablation | None = None) -> Iterator[_LayerSink]:
+    sink = _LayerSink(callback, batch, ablation)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -221,12 +262,16 @@ def run(
     *,
     on_logits: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
+    ablation: Ablation | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
     ``on_layer(layer, weights[B, H, Q, K] float32, batch)`` must not modify ``weights``.
-    The LM head runs only when ``on_logits`` is given.
+    The LM head runs only when ``on_logits`` is given. ``ablation`` replaces chosen heads'
+    outputs (streaming capture only).
     """
+    if ablation is not None and loaded.capture_mode != "stream":
+        raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     device = loaded.device
     module = loaded.model if on_logits is not None else loaded.base
     n_layers = loaded.layout.n_layers
@@ -236,7 +281,7 @@ def run(
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
             if loaded.capture_mode == "stream":
-                with _sink(on_layer, on_device) as sink:
+                with _sink(on_layer, on_device, ablation) as sink:
                     out = module(**inputs, **extra)
                 if sink.calls != n_layers:
                     raise RunFailure(

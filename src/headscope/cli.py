@@ -18,7 +18,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from .errors import HeadscopeError
+from .errors import HeadscopeError, InputError
 
 app = typer.Typer(
     name="headscope",
@@ -43,6 +43,11 @@ class Dtype(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+
+
+class AblationMode(str, Enum):
+    zero = "zero"
+    mean = "mean"
 
 
 class CaptureMode(str, Enum):
@@ -210,6 +215,17 @@ def induction(
     ] = None,
     top: TopOpt = 10,
     csv: CsvOpt = None,
+    ablate: Annotated[
+        int, typer.Option("--ablate", min=0, help="Ablate the top-K induction heads and K random controls.")
+    ] = 0,
+    ablation: Annotated[
+        AblationMode,
+        typer.Option("--ablation", help="Replace ablated head outputs by zeros or their batch mean."),
+    ] = AblationMode.zero,
+    draws: Annotated[int, typer.Option("--draws", min=1, help="Random-control draws for --ablate.")] = 5,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the ablation result as JSON (atomic).")
+    ] = None,
     batch_size: BatchSizeOpt = 16,
     resamples: ResamplesOpt = 1000,
     device: DeviceOpt = Device.cpu,
@@ -224,15 +240,46 @@ def induction(
 
         spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed, bos=bos)
         spec.validate()
-        if csv is not None:
-            report.check_writable(csv)
+        for path, option in ((csv, "--csv"), (json_out, "--json")):
+            if path is not None:
+                report.check_writable(path, option)
+        if json_out is not None and not ablate:
+            raise InputError("--json writes the ablation result", hint="add --ablate K")
         loaded = _load(model, device, dtype, capture)
         _header(loaded)
+        if ablate and ablate > loaded.layout.n_layers * loaded.layout.n_heads // 2:
+            raise InputError(
+                f"--ablate {ablate} leaves too few heads for a random control of the same size",
+                hint=f"use at most {loaded.layout.n_layers * loaded.layout.n_heads // 2}",
+            )
         with _progress() as progress:
             result = analysis.induction(
                 loaded, spec, batch_size=batch_size, n_resamples=resamples, progress=progress
             )
+            effect = None
+            if ablate:
+                from .ablation import ablate as run_ablation
+                from .ablation import top_heads
+
+                heads = top_heads(result.table, "induction", ablate)
+                effect = run_ablation(
+                    loaded,
+                    spec,
+                    heads,
+                    mode=ablation.value,
+                    draws=draws,
+                    batch_size=batch_size,
+                    n_resamples=resamples,
+                    progress=progress,
+                )
         _finish(result, csv, top)
+        if effect is not None:
+            report.print_ablation(effect, out)
+            if json_out is not None:
+                import json
+
+                path = report.write_atomic(json_out, json.dumps(effect.to_json(), indent=2) + "\n", "--json")
+                err.print(f"wrote {path}", soft_wrap=True)
 
 
 SkipBadOpt = Annotated[
