@@ -318,10 +318,14 @@ def english_coref(rng: random.Random, n: int) -> list[dict]:
             same = rng.sample(EN_MEN, 2) if rng.random() < 0.5 else rng.sample(EN_WOMEN, 2)
             other = rng.choice(EN_WOMEN if same[0] in EN_MEN else EN_MEN)
             pronoun_word = "she" if other in EN_WOMEN else "he"
-            text = f"{other} told {same[0]} and {same[1]} that {pronoun_word} would bring the food."
-            cands = [span_of(text, other), span_of(text, same[0], len(other)),
-                     span_of(text, same[1], len(other) + 6 + len(same[0]))]
-            antecedent = 0
+            names = [other, *same]
+            rng.shuffle(names)  # the one who matches the pronoun can stand anywhere
+            text = f"{names[0]} told {names[1]} and {names[2]} that {pronoun_word} would bring the food."
+            cands, start = [], 0
+            for name in names:
+                cands.append(span_of(text, name, start))
+                start = cands[-1][1]
+            antecedent = names.index(other)
             pronoun = span_of(text, f" {pronoun_word} ")
             pronoun = [pronoun[0] + 1, pronoun[1] - 1]
         else:  # number decides: it / they
@@ -376,10 +380,14 @@ def chinese_coref(rng: random.Random, n: int) -> list[dict]:
             same = rng.sample(ZH_MEN, 2) if rng.random() < 0.5 else rng.sample(ZH_WOMEN, 2)
             other = rng.choice(ZH_WOMEN if same[0] in ZH_MEN else ZH_MEN)
             pron = "她" if other in ZH_WOMEN else "他"
-            text = f"{other}告诉{same[0]}和{same[1]}，{pron}明天会带午饭来。"
-            cands = [span_of(text, other), span_of(text, same[0], len(other)),
-                     span_of(text, same[1], len(other) + 2 + len(same[0]))]
-            antecedent = 0
+            names = [other, *same]
+            rng.shuffle(names)
+            text = f"{names[0]}告诉{names[1]}和{names[2]}，{pron}明天会带午饭来。"
+            cands, start = [], 0
+            for name in names:
+                cands.append(span_of(text, name, start))
+                start = cands[-1][1]
+            antecedent = names.index(other)
             pronoun = span_of(text, pron, cands[2][1])
         else:  # 那 + classifier picks the noun it agrees with (那幅 = 风景画)
             (c1, n1), (c2, n2) = rng.sample(ZH_CLASSIFIED, 2)

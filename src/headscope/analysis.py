@@ -19,6 +19,7 @@ from .errors import InputError
 from .models import LoadedModel
 from .prompts import CorefSet, PromptSet, builtin, display_path, load_coref, load_texts
 from .results import head_table
+from .roles import RoleRule, assign_roles
 
 # progress(label, total) returns advance(n); the CLI draws a bar with it, tests pass None.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -234,6 +235,7 @@ def scan(
     batch_size: int = 8,
     n_resamples: int = 1000,
     seed: int = 0,
+    role_rule: RoleRule | None = None,
     progress: ProgressFactory | None = None,
 ) -> Report:
     """Run every detector on the data it is defined on.
@@ -287,7 +289,9 @@ def scan(
             descriptions.update({s.data: s.description for s in part.sections})
             notes += part.notes
 
-    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
+    )
     return Report(
         loaded.name,
         table,
@@ -379,7 +383,7 @@ def syntax(
             f"cannot see it: {', '.join(f'{r} {d}' for r, d in unscored)}"
         )
     description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
-    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
+    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
     return Report(
         loaded.name,
         table,
@@ -468,7 +472,7 @@ def coref(
     )
     results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
     description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
-    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed)
+    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
     return Report(
         loaded.name,
         table,
@@ -541,7 +545,9 @@ def induction(
     results = score_batches(
         loaded, batches, chosen, len(sequences), "repeated-tokens", on_logits=meter, progress=progress
     )
-    table = head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=spec.seed)
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=spec.seed)
+    )
     return Report(
         loaded.name,
         table,

@@ -167,22 +167,41 @@ def scan(
     batch_size: BatchSizeOpt = 8,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
+    roles_csv: Annotated[
+        Path | None,
+        typer.Option("--roles-csv", help="Write one row per head: its role and the score behind it."),
+    ] = None,
+    role_threshold: Annotated[
+        float, typer.Option("--role-threshold", help="Minimum score for a role.")
+    ] = 0.3,
+    role_margin: Annotated[
+        float, typer.Option("--role-margin", help="ci_low must clear the baseline by this much.")
+    ] = 0.05,
+    alpha: Annotated[
+        float,
+        typer.Option(
+            "--alpha", min=0.0, max=1.0, help="False discovery rate for roles (Benjamini–Hochberg)."
+        ),
+    ] = 0.05,
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
     debug: DebugOpt = False,
 ) -> None:
-    """Score every head with every detector and print the top heads of each."""
+    """Score every head with every detector, print the top heads of each and the role map."""
     _setup_logging(debug)
     with _handle_errors(debug):
         from . import analysis, detectors, report
         from .prompts import builtin, load_texts
+        from .roles import RoleRule
 
         names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
         if names is not None:
             detectors.create(names)  # reject unknown names before loading anything
-        if csv is not None:
-            report.check_writable(csv)
+        for path, option in ((csv, "--csv"), (roles_csv, "--roles-csv")):
+            if path is not None:
+                report.check_writable(path, option)
+        rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
         # Read and validate the prompt set before spending seconds on loading a model.
         text_set = load_texts(text if text is not None else builtin(analysis.DEFAULT_TEXT_SET))
         loaded = _load(model, device, dtype, capture)
@@ -197,9 +216,14 @@ def scan(
                 batch_size=batch_size,
                 n_resamples=resamples,
                 seed=seed,
+                role_rule=rule,
                 progress=progress,
             )
         _finish(result, csv, top)
+        report.print_role_map(result, out, rule.describe())
+        if roles_csv is not None:
+            path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv")
+            err.print(f"wrote {path}", soft_wrap=True)
 
 
 @app.command()

@@ -61,8 +61,10 @@ def write_atomic(path: str | Path, text: str, option: str = "--csv") -> Path:
     return target
 
 
-def table_csv(table: pd.DataFrame) -> str:
-    return table.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
+    from .results import CSV_COLUMNS
+
+    return table[columns or CSV_COLUMNS].to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -85,6 +87,7 @@ def section_caption(section: Section) -> str:
         return (
             f"data: {section.description}; n = {section.n} examples; nearest-candidate baseline = "
             f"{_fmt(section.baseline)}; chance = {_fmt(section.extras.get('chance'))}; "
+            f"first-candidate = {_fmt(section.extras.get('first candidate'))}; "
             "CI: 95% bootstrap over examples"
         )
     return (
@@ -128,7 +131,7 @@ def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
             f"L{best['layer']} H{best['head']}",
             _fmt(best["score"]),
             f"{_fmt(best['ci_low'])}–{_fmt(best['ci_high'])}",
-            f"{_fmt(section.baseline)} ({section.baseline_label.removeprefix('offset ')})",
+            f"{_fmt(section.baseline)} ({section.baseline_label.removeprefix('offset ').replace('first word', 'first')})",
             f"{best['score'] - baseline:+.3f}",
         )
     return table
@@ -177,8 +180,8 @@ def print_report(report: Report, console: Console, top: int) -> None:
             console.print(syntax_summary_table(report, group))
             console.print(relation_legend(group))
             console.print(
-                f"data: {section.description}; baseline: best fixed offset (always the word k positions "
-                "away); CI: 95% bootstrap over sentences"
+                f"data: {section.description}; baseline: best positional rule (always the word k "
+                "positions away, or always the first word); CI: 95% bootstrap over sentences"
             )
             console.print()
             continue
@@ -251,3 +254,55 @@ def print_ablation(result: AblationResult, console: Console) -> None:
         f"top-{result.k} ablation raises the repeated-copy loss by {result.topk_effect:+.3f} nats, "
         f"the random control by {result.random_effect:+.3f} ({ratio:.1f}x)"
     )
+
+
+ROLE_MEANINGS = {
+    "prev": "previous-token",
+    "dup": "duplicate-token",
+    "ind": "induction",
+    "sink": "attention sink (position 0)",
+    "coref": "pronoun → antecedent (指代)",
+    "subj": "nsubj, subject–verb (主谓)",
+    "obj": "obj, verb–object (动宾)",
+    "adv": "advmod, adverb–modified word",
+}
+ROLE_STYLES = {"prev": "cyan", "dup": "magenta", "ind": "bold red", "sink": "dim", "coref": "bold green"}
+
+
+def print_role_map(report: Report, console: Console, rule_text: str) -> None:
+    """Layers × heads grid, each head labelled with its strongest role, then a legend."""
+    from .roles import head_roles
+
+    heads = head_roles(report.table)
+    n_layers = int(heads.layer.max()) + 1
+    n_heads = int(heads["head"].max()) + 1
+    grid = {(int(r.layer), int(r.head)): r.role for r in heads.itertuples()}
+    console.print(f"[bold]role map[/bold]: {report.model}, strongest role per head (blank: none)")
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table.add_column("layer", justify="right")
+    for head in range(n_heads):
+        table.add_column(f"H{head}", justify="center")
+    for layer in range(n_layers):
+        cells = []
+        for head in range(n_heads):
+            role = grid.get((layer, head), "")
+            style = ROLE_STYLES.get(role, "yellow")
+            cells.append(f"[{style}]{role}[/{style}]" if role else "·")
+        table.add_row(f"L{layer}", *cells)
+    console.print(table)
+    used = sorted({r for r in grid.values() if r})
+    legend = "; ".join(
+        f"{label} = {ROLE_MEANINGS.get(label, RELATION_NAMES.get(label, label))}" for label in used
+    )
+    counts = heads[heads.role != ""].role.value_counts()
+    console.print(f"legend: {legend}" if legend else "no head qualifies for any role")
+    console.print(
+        f"{int((heads.role != '').sum())} of {len(heads)} heads have a role "
+        f"({', '.join(f'{k} {v}' for k, v in counts.items())}); {rule_text}"
+    )
+
+
+def roles_csv(report: Report) -> str:
+    from .roles import ROLES_CSV_COLUMNS, head_roles
+
+    return table_csv(head_roles(report.table), ROLES_CSV_COLUMNS)

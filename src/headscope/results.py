@@ -8,7 +8,7 @@ import pandas as pd
 
 from .detectors.base import DetectorResult
 from .models import HeadLayout
-from .stats import bootstrap_ratio_ci
+from .stats import bootstrap_ratio
 
 CSV_COLUMNS = [
     "model",
@@ -29,6 +29,9 @@ CSV_COLUMNS = [
 ]
 
 
+HIDDEN_COLUMNS = ["se", "role_null"]
+
+
 def head_table(
     results: Sequence[DetectorResult],
     layout: HeadLayout,
@@ -41,7 +44,7 @@ def head_table(
     frames = []
     for result in results:
         scores = result.scores().numpy()
-        low, high = bootstrap_ratio_ci(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
+        low, high, se = bootstrap_ratio(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
         layers, heads = layout.n_layers, layout.n_heads
         rows = {
             "model": model_name,
@@ -58,11 +61,14 @@ def head_table(
             "n": result.n,
             "role": "",
             "data": result.data,
+            "se": se.reshape(-1),
+            # The strongest "no role" reference: the baseline, or chance where it is higher (coref).
+            "role_null": max([result.baseline() or 0.0, *result.extras.values()]),
         }
         frame = pd.DataFrame(rows)
         frame["rank"] = frame["score"].rank(ascending=False, method="first").astype(int)
         frames.append(frame)
     if not frames:
-        return pd.DataFrame(columns=CSV_COLUMNS)
-    table = pd.concat(frames, ignore_index=True)[CSV_COLUMNS]
-    return table
+        return pd.DataFrame(columns=[*CSV_COLUMNS, *HIDDEN_COLUMNS])
+    # `se` (bootstrap standard error) and `role_null` feed the role test; they are not CSV columns.
+    return pd.concat(frames, ignore_index=True)[[*CSV_COLUMNS, *HIDDEN_COLUMNS]]

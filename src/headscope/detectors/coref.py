@@ -3,7 +3,9 @@
 Each example has a pronoun (or demonstrative) span and candidate mention spans. A head is right
 on an example when, of the visible candidates, the one that receives the most attention from the
 pronoun (mean over the pronoun's tokens, summed over the candidate's tokens) is the antecedent.
-Baselines: the nearest visible candidate, and chance (1 / visible candidates).
+Baselines: the nearest visible candidate (the baseline column), chance (1 / visible candidates)
+and "always the first candidate", which a sink-like head gets for free when the first candidate
+opens the sentence. The role test uses the strongest of the three.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class CorefDetector(Detector):
     def start(self, layout, n_examples):  # noqa: ANN001
         super().start(layout, n_examples)
         self._chance = torch.zeros(n_examples, dtype=torch.float64)
+        self._first = torch.zeros(n_examples, dtype=torch.float64)
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
         to_word, from_word, word_mask = word_maps(batch)  # column 0 is the pronoun
@@ -42,10 +45,15 @@ class CorefDetector(Detector):
         if layer == self._counted_layer:
             chance = torch.tensor([1.0 / sum(m["visible"]) for m in batch.meta], dtype=torch.float64)
             self._chance[batch.example_index] += chance
+            first = torch.tensor(
+                [float(m["visible"].index(True) == m["antecedent"]) for m in batch.meta], dtype=torch.float64
+            )
+            self._first[batch.example_index] += first
 
     def results(self, data: str = "") -> list[DetectorResult]:
         total = self._counts.sum()
         chance = float(self._chance.sum() / total) if total > 0 else float("nan")
+        first = float(self._first.sum() / total) if total > 0 else float("nan")
         return [
             DetectorResult(
                 self.name,
@@ -56,6 +64,6 @@ class CorefDetector(Detector):
                 self._baseline,
                 self.baseline_kind,
                 data,
-                extras={"chance": chance},
+                extras={"chance": chance, "first candidate": first},
             )
         ]

@@ -7,9 +7,11 @@ For every arc (dependent d, head h, relation r) and each direction:
 * ``head->dep``: the head's row; correct when its argmax is d.
 
 In a causal model a word sees only earlier words, so a direction whose target comes later is not
-counted (n says how many pairs each direction could see). The baseline is the best fixed offset:
-"always predict the word k positions away", k in [-max_offset, max_offset] without 0, chosen per
-relation and direction on the same pairs.
+counted (n says how many pairs each direction could see). The baseline is the best trivial
+positional rule, chosen per relation and direction on the same pairs: "always the word k positions
+away" for k in [-max_offset, max_offset] without 0, or "always the first word". The first-word rule
+matters for causal models, whose sink heads park attention on the first token: when a sentence
+starts with its subordinator (如果…, Because…), a sink head "finds" the mark for free.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class SyntaxDetector(Detector):
     summary = "accuracy of the most-attended word (self excluded) against the gold dependency"
     needs = frozenset({"words", "arcs"})
     default_source = "treebank"
-    baseline_kind = "fixed-offset"
+    baseline_kind = "positional"
 
     def __init__(self, relations: Sequence[str] = DEFAULT_RELATIONS, max_offset: int = 5) -> None:
         self.relations = list(dict.fromkeys(relations))
@@ -87,7 +89,8 @@ class SyntaxDetector(Detector):
         n_keys = len(self.keys)
         self._hits = torch.zeros(n_keys, n_examples, layout.n_layers, layout.n_heads, dtype=torch.float32)
         self._pairs = torch.zeros(n_keys, n_examples, dtype=torch.float64)
-        self._offset_hits = torch.zeros(n_keys, n_examples, 2 * self.max_offset + 1, dtype=torch.float64)
+        # Columns: offsets -max..+max, then "first word".
+        self._offset_hits = torch.zeros(n_keys, n_examples, 2 * self.max_offset + 2, dtype=torch.float64)
         self._counted_layer: int | None = None
 
     def _pairs_of(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -150,12 +153,19 @@ class SyntaxDetector(Detector):
                 ones[inside],
                 accumulate=True,
             )
+            first = (targets == 0).cpu() & (queries != 0).cpu()
+            first_column = torch.full_like(keys.cpu()[first], 2 * self.max_offset + 1)
+            self._offset_hits.index_put_(
+                (keys.cpu()[first], examples.cpu()[first], first_column), ones[first], accumulate=True
+            )
 
-    def best_offset(self, key: int) -> tuple[int, torch.Tensor]:
+    def best_baseline(self, key: int) -> tuple[str, torch.Tensor]:
+        """The best positional rule for one (relation, direction): its label and per-example hits."""
         totals = self._offset_hits[key].sum(0)
         totals[self.max_offset] = -1  # offset 0 is the word itself
         best = int(totals.argmax())
-        return best - self.max_offset, self._offset_hits[key, :, best]
+        label = "first word" if best == 2 * self.max_offset + 1 else f"offset {best - self.max_offset:+d}"
+        return label, self._offset_hits[key, :, best]
 
     def results(self, data: str = "") -> list[DetectorResult]:
         out = []
@@ -163,7 +173,7 @@ class SyntaxDetector(Detector):
             counts = self._pairs[key]
             if counts.sum() == 0:
                 continue
-            offset, baseline = self.best_offset(key)
+            label, baseline = self.best_baseline(key)
             out.append(
                 DetectorResult(
                     self.name,
@@ -174,7 +184,7 @@ class SyntaxDetector(Detector):
                     baseline,
                     self.baseline_kind,
                     data,
-                    baseline_label=f"offset {offset:+d}",
+                    baseline_label=label,
                 )
             )
         return out
