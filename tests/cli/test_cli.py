@@ -153,3 +153,55 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path, monkeypatch):
     result = invoke("scan", broken)
     assert_clean_error(result, 2, "cannot read GGUF file", "broken.gguf")
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+
+
+def test_induction_ablation_json(toy_dir, tmp_path):
+    import json
+
+    target = tmp_path / "ablation.json"
+    result = invoke(
+        "induction", toy_dir, "--seq-len", 16, "--batch", 4, "--ablate", 1, "--draws", 2, "--json", target
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "top-1 induction" in result.stdout
+    payload = json.loads(target.read_text())
+    assert set(payload) >= {
+        "clean_loss",
+        "clean_loss_ci",
+        "topk_loss",
+        "topk_loss_ci",
+        "random_loss",
+        "random_loss_ci",
+        "topk_heads",
+        "random_heads",
+    }
+    assert len(payload["topk_heads"]) == 1 and len(payload["random_heads"]) == 2
+    assert payload["topk_heads"][0][0] == 1  # the toy's induction heads are in layer 1
+
+
+def test_json_without_ablate_is_rejected(toy_dir, tmp_path):
+    result = invoke("induction", toy_dir, "--json", tmp_path / "x.json")
+    assert_clean_error(result, 2, "--json writes the ablation result")
+
+
+def test_scan_role_map_and_roles_csv(toy_dir, toy_texts, tmp_path):
+    target = tmp_path / "roles.csv"
+    result = invoke(
+        "scan",
+        toy_dir,
+        "--text",
+        toy_texts,
+        "--detectors",
+        "previous-token,induction",
+        "--roles-csv",
+        target,
+        "--resamples",
+        200,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "role map" in result.stdout and "legend:" in result.stdout
+    rows = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert len(rows) == 8
+    roles = {(r["layer"], r["head"]): r["role"] for r in rows}
+    assert roles[("0", "1")] == "prev"
+    assert {roles[("1", str(h))] for h in range(4)} == {"ind"}

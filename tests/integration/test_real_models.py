@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headscope import analysis
+from headscope.report import table_csv
 from headscope.results import CSV_COLUMNS
 
 pytestmark = pytest.mark.slow
@@ -16,7 +17,9 @@ def test_smollm2_scan_every_head_every_detector(smollm2):
     assert smollm2.is_causal and smollm2.capture_mode == "stream"
     report = analysis.scan(smollm2, n_resamples=200)
     table = report.table
-    assert list(table.columns) == CSV_COLUMNS
+    assert list(table.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
+    assert table_csv(table).splitlines()[0] == ",".join(CSV_COLUMNS)
+    assert (table.role != "").any()
     groups = table.groupby(["data", "detector", "relation", "direction"]).size()
     assert set(groups) == {270}
     head_level = table[table.relation == ""].groupby("detector").size().to_dict()
@@ -70,3 +73,21 @@ def test_a_gguf_path_loads_like_the_alias():
     assert loaded.name == gguf.name
     assert (loaded.layout.n_layers, loaded.layout.n_heads, loaded.layout.n_kv_heads) == (30, 9, 3)
     assert loaded.layout.max_positions == 8192
+
+
+def test_smollm2_top5_induction_ablation_beats_random_control(smollm2):
+    from headscope.ablation import ablate, top_heads
+
+    spec = analysis.RepeatSpec(seq_len=50, n_seqs=8, seed=0)
+    report = analysis.induction(smollm2, spec, n_resamples=0)
+    heads = top_heads(report.table, "induction", 5)
+    result = ablate(smollm2, spec, heads, draws=3, batch_size=8, n_resamples=200)
+    print("clean", result.clean.mean, "top5", result.topk.mean, "random5", result.random.mean)
+    assert result.topk_effect > 5 * max(result.random_effect, 0.01)
+    assert result.topk.ci[0] > result.clean.ci[1]
+    payload = result.to_json()
+    for key in ("clean_loss", "topk_loss", "random_loss", "topk_heads", "random_heads"):
+        assert key in payload
+    assert len(payload["random_heads"]) == 3 and all(len(d) == 5 for d in payload["random_heads"])
+    top_layers = {layer for layer, _ in heads}
+    assert all(layer in top_layers for draw in payload["random_heads"] for layer, _ in draw)

@@ -39,3 +39,28 @@ def test_finds_the_previous_token_head(toy, toy_truth, toy_texts):
     assert best.ci_low > 3 * best.baseline
     assert set(table.kv_group) == {0, 1}
     assert table[(table["head"] == 3)].kv_group.unique().tolist() == [1]
+
+
+def test_ablating_the_induction_heads_destroys_copying(toy, toy_truth):
+    from headscope import capture
+    from headscope.ablation import later_copy_loss
+
+    spec = analysis.RepeatSpec(seq_len=24, n_seqs=16, seed=9)
+    sequences, specials, offset = analysis.repeated_tokens(toy, spec)
+    batches = capture.make_batches(sequences, specials, batch_size=16, pad_id=0, is_causal=True)
+
+    def loss(heads):
+        ablation = capture.Ablation.of(heads) if heads else None
+        total, tokens = later_copy_loss(toy, batches, spec, offset, len(sequences), ablation)
+        return float(total.sum() / tokens.sum())
+
+    truth = {tuple(int(x) for x in k[1:].split("H")): v for k, v in toy_truth["induction_scores"].items()}
+    induction_heads = [h for h, v in truth.items() if v > 0.5]
+    clean = loss([])
+    first_copy = analysis.induction(toy, spec, n_resamples=0).loss.first
+    ablated = loss(induction_heads)
+    other = loss([(0, 0)])  # a layer-0 head that is neither induction nor previous-token
+    # Copying is gone: most of the gap to the first (unseen) copy comes back.
+    assert ablated - clean > 0.4 * (first_copy - clean), (clean, ablated, first_copy)
+    # Removing an unrelated head barely matters.
+    assert other - clean < 0.1 * (ablated - clean), (clean, other)

@@ -1,0 +1,112 @@
+"""Roles, multiple comparisons and reproducibility on synthetic attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.capture import make_batches
+from headscope.detectors import create
+from headscope.models import HeadLayout
+from headscope.report import table_csv
+from headscope.results import head_table
+from headscope.roles import RoleRule, assign_roles, head_roles
+from headscope.stats import benjamini_hochberg, one_sided_p
+
+LAYOUT = HeadLayout(n_layers=2, n_heads=3, n_kv_heads=3, head_dim=4, d_model=12, max_positions=None)
+
+
+def planted_previous_token_results(n_sequences: int = 24, length: int = 16, seed: int = 0):
+    """Head (1, 0) attends to the previous token with weight ~0.8; every other head is uniform."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(5, 500, (length,), generator=gen).tolist() for _ in range(n_sequences)]
+    batch = make_batches(
+        seqs, [[False] * length] * n_sequences, batch_size=n_sequences, pad_id=0, is_causal=True
+    )[0]
+    causal = torch.ones(length, length).tril()
+    uniform = causal / causal.sum(-1, keepdim=True)
+    detector = create(["previous-token"])[0]
+    detector.start(LAYOUT, n_sequences)
+    for layer in range(2):
+        attn = uniform.expand(n_sequences, 3, length, length).clone()
+        if layer == 1:
+            noise = 0.15 * torch.rand(n_sequences, length, generator=gen)
+            planted = torch.zeros(n_sequences, length, length)
+            idx = torch.arange(1, length)
+            planted[:, idx, idx - 1] = 0.8 + noise[:, 1:] - 0.075
+            planted[:, 1:, 0] += 1 - planted[:, 1:].sum(-1)
+            planted[:, 0, 0] = 1.0
+            attn[:, 0] = planted
+        detector.update(layer, attn, batch)
+    return detector.results("synthetic")
+
+
+def test_planted_interval_excludes_baseline_and_uniform_gets_no_role():
+    table = assign_roles(head_table(planted_previous_token_results(), LAYOUT, "synthetic", seed=1))
+    planted = table[(table.layer == 1) & (table["head"] == 0)].iloc[0]
+    assert planted.ci_low > planted.baseline + 0.5
+    assert planted.role == "prev"
+    others = table[~((table.layer == 1) & (table["head"] == 0))]
+    assert (others.role == "").all()
+    # Uniform attention scores exactly the uniform baseline.
+    assert np.allclose(others.score, others.baseline)
+    roles = head_roles(table)
+    assert roles[roles.role != ""][["layer", "head"]].values.tolist() == [[1, 0]]
+
+
+def test_same_seed_same_bytes_different_seed_only_intervals():
+    results = planted_previous_token_results()
+    a = table_csv(assign_roles(head_table(results, LAYOUT, "m", seed=7)))
+    b = table_csv(assign_roles(head_table(results, LAYOUT, "m", seed=7)))
+    assert a == b
+    c = assign_roles(head_table(results, LAYOUT, "m", seed=8))
+    first = assign_roles(head_table(results, LAYOUT, "m", seed=7))
+    fixed = ["model", "detector", "layer", "head", "kv_group", "score", "baseline", "n", "rank", "role"]
+    pd.testing.assert_frame_equal(first[fixed], c[fixed])
+    planted = (first.layer == 1) & (first["head"] == 0)
+    assert not np.allclose(first.loc[planted, "ci_low"], c.loc[planted, "ci_low"])
+
+
+def test_threshold_and_margin_are_settable():
+    table = head_table(planted_previous_token_results(), LAYOUT, "synthetic", seed=1)
+    assert (assign_roles(table, RoleRule(threshold=0.95)).role == "").all()
+    assert (assign_roles(table, RoleRule(margin=0.9)).role == "").all()
+
+
+def test_benjamini_hochberg_and_p_values():
+    p = np.array([0.01, 0.04, 0.03, 0.5])
+    adjusted = benjamini_hochberg(p)
+    # Hand-computed: sorted p = .01 .03 .04 .5 -> .04 .06 .0533 .5 -> step-up minimum .04 .0533 .0533 .5
+    assert np.allclose(adjusted, [0.04, 0.0533333, 0.0533333, 0.5])
+    assert one_sided_p(np.array([0.5]), 0.4, np.array([0.05]))[0] < 0.05
+    assert one_sided_p(np.array([0.5]), 0.4, np.array([0.0]))[0] == 0.0
+    assert one_sided_p(np.array([0.3]), 0.4, np.array([0.0]))[0] == 1.0
+
+
+def test_sink_is_only_a_fallback_role():
+    rows = []
+    for detector, score, baseline in (("sink", 0.99, 0.1), ("induction", 0.6, 0.02)):
+        rows.append(
+            dict(
+                model="m",
+                detector=detector,
+                relation="",
+                direction="",
+                layer=0,
+                head=0,
+                kv_group=0,
+                score=score,
+                baseline=baseline,
+                ci_low=score - 0.05,
+                ci_high=score + 0.05,
+                n=100,
+                rank=1,
+                role="",
+                data="d" + detector,
+                se=0.01,
+                role_null=baseline,
+            )
+        )
+    roles = head_roles(assign_roles(pd.DataFrame(rows)))
+    assert roles.role.tolist() == ["ind"] and roles.n_roles.tolist() == [2]
