@@ -172,3 +172,178 @@ def top_heads(table: Any, detector: str, k: int, data: str | None = None) -> lis
         rows = rows[rows.data == data]
     rows = rows.sort_values("score", ascending=False).head(k)
     return [(int(r.layer), int(r.head)) for r in rows.itertuples()]
+
+
+# --- scan --verify --------------------------------------------------------------------------------
+
+
+REPEAT_JUDGED = {"previous-token", "duplicate-token", "induction"}
+
+
+@dataclass
+class Verification:
+    """The causal check of one table: ablate its top-K heads, and K random same-layer heads."""
+
+    data: str
+    detector: str
+    relation: str
+    direction: str
+    heads: list[Head]
+    best_score: float
+    target: str  # which tokens' loss was measured
+    n_tokens: int
+    clean: float
+    topk: float
+    random: float  # mean over the draws
+
+    @property
+    def topk_effect(self) -> float:
+        return self.topk - self.clean
+
+    @property
+    def random_effect(self) -> float:
+        return self.random - self.clean
+
+
+def _token_losses(
+    loaded: LoadedModel, batches: Sequence[capture.Batch], ablation: capture.Ablation | None
+) -> list[torch.Tensor]:
+    """Per batch, [B, T] loss of predicting token t (NaN at t = 0)."""
+    out: list[torch.Tensor] = []
+
+    def on_logits(logits: torch.Tensor, batch: capture.Batch) -> None:
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), batch.input_ids[:, 1:], reduction="none"
+        ).cpu()
+        out.append(torch.cat([torch.full((losses.shape[0], 1), float("nan")), losses], dim=1))
+
+    capture.run(loaded, batches, lambda *_: None, on_logits=on_logits, ablation=ablation)
+    return out
+
+
+def _target_masks(
+    batches: Sequence[capture.Batch],
+    data: str,
+    detector: str,
+    relation: str,
+    repeat: tuple[RepeatSpec, int] | None,
+) -> tuple[list[torch.Tensor], str]:
+    """Which tokens' loss tells whether this table's heads matter."""
+    masks = []
+    for batch in batches:
+        length = batch.input_ids.shape[1]
+        mask = torch.zeros_like(batch.attention_mask)
+        if detector in REPEAT_JUDGED and repeat is not None:
+            spec, offset = repeat
+            start, end = offset + spec.seq_len, offset + spec.seq_len * spec.repeats
+            mask[:, start:end] = True
+            what = "later copies of repeated random tokens"
+        elif detector == "sink":
+            mask = batch.attention_mask & ~batch.special
+            what = f"every token of {data}"
+        elif detector == "syntax":
+            for row, meta in enumerate(batch.meta):
+                for dep, _, rel in meta["arcs"]:
+                    if rel == relation:
+                        mask[row, (meta["to_word"][:, dep] > 0).nonzero().flatten()] = True
+            what = f"the {relation} dependents' tokens"
+        elif detector == "coref":
+            for row, meta in enumerate(batch.meta):
+                mask[row, (meta["to_word"][:, 0] > 0).nonzero().flatten()] = True
+            what = "the pronouns' tokens"
+        else:
+            raise InputError(f"no verification defined for detector {detector}")
+        mask[:, 0] = False
+        masks.append(mask[:, :length])
+    return masks, what
+
+
+def _mean_loss(losses: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[float, int]:
+    total = sum(float(loss[mask].double().sum()) for loss, mask in zip(losses, masks, strict=True))
+    count = sum(int(mask.sum()) for mask in masks)
+    return (total / count if count else float("nan")), count
+
+
+def verify(
+    loaded: LoadedModel,
+    report: Any,
+    *,
+    k: int = 3,
+    draws: int = 1,
+    mode: str = "zero",
+    min_n: int = 20,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> list[Verification]:
+    """For every table of a scan, ablate its top-k heads and k random same-layer heads.
+
+    previous-token, duplicate-token and induction are judged by the loss on the later copies of the
+    repeated random tokens; sink by the loss on the natural text; syntax by the loss on the
+    dependents' tokens and coreference by the loss on the pronouns' tokens, over their prompt sets.
+    """
+    if not (loaded.is_causal and loaded.has_lm_head):
+        raise InputError("--verify measures next-token loss, so it needs a causal language model")
+    table = report.table
+    with_role = set(
+        table.loc[table.role != "", ["data", "detector", "relation", "direction"]].itertuples(
+            index=False, name=None
+        )
+    )
+    # Token-level tables are always checked; syntax and coref tables only when a head earned the role,
+    # since every check costs (1 + draws) forward passes over the prompt set.
+    groups = [
+        s
+        for s in report.sections
+        if s.n >= min_n
+        and s.data in report.inputs
+        and (
+            s.detector not in {"syntax", "coref"}
+            or (s.data, s.detector, s.relation, s.direction) in with_role
+        )
+    ]
+    rng = random.Random(seed)
+    advance = progress("verify", len(groups)) if progress else None
+    clean_cache: dict[str, list[torch.Tensor]] = {}
+    out = []
+    for section in groups:
+        # The token-level roles are judged where they act: in-context copying of repeated tokens.
+        source = "repeated-tokens" if section.detector in REPEAT_JUDGED else section.data
+        if source not in report.inputs:
+            continue
+        batches = report.inputs[source]
+        if source not in clean_cache:
+            clean_cache[source] = _token_losses(loaded, batches, None)
+        rows = table[
+            (table.data == section.data)
+            & (table.detector == section.detector)
+            & (table.relation == section.relation)
+            & (table.direction == section.direction)
+        ].sort_values("score", ascending=False)
+        heads = [(int(r.layer), int(r.head)) for r in rows.head(k).itertuples()]
+        masks, what = _target_masks(batches, section.data, section.detector, section.relation, report.repeat)
+        clean, count = _mean_loss(clean_cache[source], masks)
+        topk, _ = _mean_loss(_token_losses(loaded, batches, capture.Ablation.of(heads, mode)), masks)
+        random_losses = []
+        for _ in range(draws):
+            control = random_control(heads, loaded.layout, rng)
+            random_losses.append(
+                _mean_loss(_token_losses(loaded, batches, capture.Ablation.of(control, mode)), masks)[0]
+            )
+        out.append(
+            Verification(
+                section.data,
+                section.detector,
+                section.relation,
+                section.direction,
+                heads,
+                float(rows.iloc[0].score),
+                what,
+                count,
+                clean,
+                topk,
+                sum(random_losses) / len(random_losses),
+            )
+        )
+        if advance:
+            advance(1)
+    return out

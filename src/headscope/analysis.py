@@ -95,6 +95,9 @@ class Report:
     loss: CopyLoss | None = None
     notes: list[str] = field(default_factory=list)
     results: list[DetectorResult] = field(default_factory=list)
+    # What each data name was scored on, kept for `--verify` (batches, and the repeat protocol).
+    inputs: dict[str, list[capture.Batch]] = field(default_factory=dict, repr=False)
+    repeat: tuple[RepeatSpec, int] | None = None  # (spec, offset of copy 0)
 
 
 def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
@@ -253,6 +256,8 @@ def scan(
     results: list[DetectorResult] = []
     descriptions: dict[str, str] = {}
     notes: list[str] = []
+    inputs: dict[str, list[capture.Batch]] = {}
+    repeat_info: tuple[RepeatSpec, int] | None = None
 
     text_detectors = _detectors_for("text", detector_names)
     if text_detectors:
@@ -261,17 +266,20 @@ def scan(
             sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
         )
         descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
+        inputs[prompt_set.name] = batches
         results += score_batches(
             loaded, batches, text_detectors, len(sequences), prompt_set.name, progress=progress
         )
 
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
-        sequences, specials, _ = repeated_tokens(loaded, repeat)
+        sequences, specials, offset = repeated_tokens(loaded, repeat)
         batches = capture.make_batches(
             sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
         )
         descriptions["repeated-tokens"] = _repeat_description(repeat)
+        inputs["repeated-tokens"] = batches
+        repeat_info = (repeat, offset)
         results += score_batches(
             loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
         )
@@ -282,12 +290,14 @@ def scan(
             results += part.results
             descriptions.update({s.data: s.description for s in part.sections})
             notes += part.notes
+            inputs.update(part.inputs)
     if _detectors_for("coref", detector_names):
         for name in DEFAULT_COREF_SETS:
             part = coref(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
             results += part.results
             descriptions.update({s.data: s.description for s in part.sections})
             notes += part.notes
+            inputs.update(part.inputs)
 
     table = assign_roles(
         head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
@@ -299,6 +309,8 @@ def scan(
         loaded.capture_mode,
         notes=notes,
         results=results,
+        inputs=inputs,
+        repeat=repeat_info,
     )
 
 
@@ -391,6 +403,7 @@ def syntax(
         loaded.capture_mode,
         notes=notes,
         results=results,
+        inputs={data_name: batches},
     )
 
 
@@ -480,6 +493,7 @@ def coref(
         loaded.capture_mode,
         notes=notes,
         results=results,
+        inputs={data_name: batches},
     )
 
 
@@ -556,4 +570,6 @@ def induction(
         loss=meter.result() if meter else None,
         notes=notes,
         results=results,
+        inputs={"repeated-tokens": batches},
+        repeat=(spec, offset),
     )

@@ -167,6 +167,15 @@ def scan(
     batch_size: BatchSizeOpt = 8,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify", help="Ablate each table's top heads and a random control; report the loss effect."
+        ),
+    ] = False,
+    verify_k: Annotated[
+        int, typer.Option("--verify-k", min=1, help="Heads ablated per table by --verify.")
+    ] = 3,
     roles_csv: Annotated[
         Path | None,
         typer.Option("--roles-csv", help="Write one row per head: its role and the score behind it."),
@@ -219,7 +228,15 @@ def scan(
                 role_rule=rule,
                 progress=progress,
             )
+            checks = None
+            if verify:
+                from .ablation import verify as run_verify
+
+                checks = run_verify(loaded, result, k=verify_k, seed=seed, progress=progress)
         _finish(result, csv, top)
+        if checks is not None:
+            report.print_verification(checks, out, verify_k, "zero")
+            out.print()
         report.print_role_map(result, out, rule.describe())
         if roles_csv is not None:
             path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv")
