@@ -33,8 +33,8 @@ demo: $(VENV)/.headscope
 	$(BIN)/headscope scan smollm2-135m --top 5
 
 lint: $(VENV)/.headscope
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 test: $(VENV)/.headscope lint
 	$(BIN)/python -m pytest -q

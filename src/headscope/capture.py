@@ -215,12 +215,14 @@ def streaming_attention(
     value = _repeat_kv(value, n_rep)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    # In place where possible: at long context one layer's [B, H, T, T] map is the largest tensor.
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
     if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+        scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    del scores
     sink = _ACTIVE_SINK.get()
     layer = sink.deliver(module, weights) if sink is not None else None
     output = torch.matmul(weights.to(value.dtype), value)  # [B, H, T, D]

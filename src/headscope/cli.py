@@ -81,6 +81,10 @@ ResamplesOpt = Annotated[
     int, typer.Option("--resamples", min=0, help="Bootstrap resamples for the 95% intervals.")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")]
+DeviceMapOpt = Annotated[
+    str | None,
+    typer.Option("--device-map", help="'auto': let accelerate spread a model too big for one device."),
+]
 
 
 def _setup_logging(debug: bool) -> None:
@@ -140,11 +144,13 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
         yield factory
 
 
-def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode):  # noqa: ANN202
+def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode, device_map: str | None = None):  # noqa: ANN202
     from .models import load
 
     with err.status(f"loading {model} … (a GGUF is dequantized once, then read from the cache)"):
-        return load(model, device=device.value, dtype=dtype.value, capture=capture.value)
+        return load(
+            model, device=device.value, dtype=dtype.value, capture=capture.value, device_map=device_map
+        )
 
 
 @app.command()
@@ -195,6 +201,7 @@ def scan(
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
+    device_map: DeviceMapOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Score every head with every detector, print the top heads of each and the role map."""
@@ -213,7 +220,7 @@ def scan(
         rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
         # Read and validate the prompt set before spending seconds on loading a model.
         text_set = load_texts(text if text is not None else builtin(analysis.DEFAULT_TEXT_SET))
-        loaded = _load(model, device, dtype, capture)
+        loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed)
         with _progress() as progress:
@@ -272,6 +279,7 @@ def induction(
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
+    device_map: DeviceMapOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Repeated random tokens: induction and duplicate-token heads, and loss on each copy."""
@@ -286,7 +294,7 @@ def induction(
                 report.check_writable(path, option)
         if json_out is not None and not ablate:
             raise InputError("--json writes the ablation result", hint="add --ablate K")
-        loaded = _load(model, device, dtype, capture)
+        loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         if ablate and ablate > loaded.layout.n_layers * loaded.layout.n_heads // 2:
             raise InputError(
@@ -351,6 +359,7 @@ def syntax(
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
+    device_map: DeviceMapOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Syntactic heads: per relation and direction, the best head against the best fixed offset."""
@@ -365,7 +374,7 @@ def syntax(
         source = treebank if treebank is not None else builtin(analysis.DEFAULT_TREEBANKS[0])
         parsed = read_conllu(source, skip_bad=skip_bad, limit=limit)
         wanted = [r.strip() for r in relations.split(",") if r.strip()] if relations else None
-        loaded = _load(model, device, dtype, capture)
+        loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         with _progress() as progress:
             result = analysis.syntax(
@@ -396,6 +405,7 @@ def coref(
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
+    device_map: DeviceMapOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Coreference heads: does the pronoun attend most to its antecedent?"""
@@ -409,7 +419,7 @@ def coref(
         coref_set = load_coref(
             data if data is not None else builtin(analysis.DEFAULT_COREF_SETS[0]), skip_bad=skip_bad
         )
-        loaded = _load(model, device, dtype, capture)
+        loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         with _progress() as progress:
             result = analysis.coref(

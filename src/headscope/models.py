@@ -239,7 +239,9 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
     return cache_root() / "gguf" / file_digest(gguf_path)[:32]
 
 
-def _load_gguf(resolved: ResolvedSpec, dtype: Any, use_cache: bool) -> tuple[Any, Any, str]:
+def _load_gguf(
+    resolved: ResolvedSpec, dtype: Any, use_cache: bool, placement: dict[str, Any]
+) -> tuple[Any, Any, str]:
     """Dequantize a GGUF once and keep the result as safetensors, keyed by the file's content hash."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -248,7 +250,9 @@ def _load_gguf(resolved: ResolvedSpec, dtype: Any, use_cache: bool) -> tuple[Any
     if cached is not None and (cached / "config.json").is_file():
         try:
             tok = AutoTokenizer.from_pretrained(cached)
-            model = AutoModelForCausalLM.from_pretrained(cached, attn_implementation="eager", dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(
+                cached, attn_implementation="eager", dtype=dtype, **placement
+            )
             return model, tok, f"{gguf_path} (dequantized cache {cached})"
         except Exception as exc:  # a damaged cache entry is rebuilt, not fatal
             log.warning("ignoring unreadable GGUF cache %s: %s", cached, exc)
@@ -256,7 +260,11 @@ def _load_gguf(resolved: ResolvedSpec, dtype: Any, use_cache: bool) -> tuple[Any
     try:
         tok = AutoTokenizer.from_pretrained(resolved.location, gguf_file=resolved.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(
-            resolved.location, gguf_file=resolved.gguf_file, attn_implementation="eager", dtype=dtype
+            resolved.location,
+            gguf_file=resolved.gguf_file,
+            attn_implementation="eager",
+            dtype=dtype,
+            **placement,
         )
     except ImportError as exc:
         raise ModelLoadError(f"cannot read {gguf_path}: {exc}", hint="pip install gguf accelerate") from exc
@@ -298,7 +306,7 @@ def _write_gguf_cache(model: Any, tokenizer: Any, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _load_hf(resolved: ResolvedSpec, dtype: Any) -> tuple[Any, Any, str]:
+def _load_hf(resolved: ResolvedSpec, dtype: Any, placement: dict[str, Any]) -> tuple[Any, Any, str]:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     local_only = resolved.kind == "dir" or os.environ.get("HF_HUB_OFFLINE") == "1"
@@ -318,7 +326,11 @@ def _load_hf(resolved: ResolvedSpec, dtype: Any) -> tuple[Any, Any, str]:
     try:
         tok = AutoTokenizer.from_pretrained(resolved.location, local_files_only=local_only)
         model = loader.from_pretrained(
-            resolved.location, attn_implementation="eager", dtype=dtype, local_files_only=local_only
+            resolved.location,
+            attn_implementation="eager",
+            dtype=dtype,
+            local_files_only=local_only,
+            **placement,
         )
     except Exception as exc:
         raise ModelLoadError(f"cannot load {resolved.location}: {type(exc).__name__}: {exc}") from exc
@@ -331,17 +343,26 @@ def load(
     dtype: DtypeName = "float32",
     capture: Literal["auto", "stream", "eager"] = "auto",
     use_cache: bool = True,
+    device_map: str | None = None,
 ) -> LoadedModel:
-    """Load a model for head analysis. Nothing is fetched from a hub unless the caller allows it."""
+    """Load a model for head analysis. Nothing is fetched from a hub unless the caller allows it.
+
+    ``device_map="auto"`` hands placement to accelerate, which spreads a model that is larger than
+    one device over several GPUs and CPU memory; ``device`` is then ignored.
+    """
     resolved = resolve(spec)
     torch_dtype = _resolve_dtype(dtype)
-    device_name = _resolve_device(device)
+    if device_map not in (None, "auto"):
+        raise InputError(f"--device-map must be 'auto', got {device_map!r}")
+    placement: dict[str, Any] = {"device_map": device_map} if device_map else {}
+    device_name = _resolve_device(device) if not device_map else None
     if resolved.kind == "gguf":
-        model, tokenizer, source = _load_gguf(resolved, torch_dtype, use_cache)
+        model, tokenizer, source = _load_gguf(resolved, torch_dtype, use_cache, placement)
     else:
-        model, tokenizer, source = _load_hf(resolved, torch_dtype)
+        model, tokenizer, source = _load_hf(resolved, torch_dtype, placement)
     model.eval()
-    model.to(device_name)
+    if device_name is not None:
+        model.to(device_name)
     causal = is_causal_config(model.config)
     layout = HeadLayout.from_config(model.config, tokenizer)
     mode = _choose_capture(model, capture)
@@ -361,7 +382,11 @@ def _choose_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
                 f"{type(model).__name__} does not route attention through transformers' AttentionInterface",
                 hint="use --capture eager",
             )
-        log.info("%s cannot stream attention; falling back to eager output_attentions", type(model).__name__)
+        log.warning(
+            "%s does not route attention through AttentionInterface; falling back to eager "
+            "output_attentions (all layers' maps are kept until the end of each batch)",
+            type(model).__name__,
+        )
         return "eager"
     register_streaming_attention()
     model.set_attn_implementation(STREAM_IMPLEMENTATION)

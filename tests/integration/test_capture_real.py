@@ -1,0 +1,53 @@
+"""Slow: streaming equals eager on both bundled models; the GGUF cache is reused and invalidated."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from headscope import analysis
+from headscope.models import bundled_path, load
+
+pytestmark = pytest.mark.slow
+
+TOKEN_LEVEL = ["previous-token", "duplicate-token", "induction", "sink"]
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "minilm-l6"])
+def test_streaming_and_eager_scores_match(alias, request):
+    streaming = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "minilm")
+    eager = load(alias, capture="eager")
+    assert streaming.capture_mode == "stream" and eager.capture_mode == "eager"
+    spec = analysis.RepeatSpec(seq_len=30, n_seqs=4)
+    a = analysis.scan(streaming, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
+    b = analysis.scan(eager, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
+    assert len(a) == len(b) == 4 * streaming.layout.n_layers * streaming.layout.n_heads
+    assert (a.score - b.score).abs().max() < 1e-5
+
+
+def test_batched_equals_unbatched_on_minilm(minilm):
+    one = analysis.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=1, n_resamples=0).table
+    many = analysis.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=16, n_resamples=0).table
+    assert (one.score - many.score).abs().max() < 1e-5
+
+
+def test_gguf_cache_is_reused_and_invalidated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copyfile(bundled_path("smollm2-135m"), gguf)
+    first = load(str(gguf))
+    assert "dequantized cache" not in first.source
+    entries = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(entries) == 1
+    second = load(str(gguf))
+    assert "dequantized cache" in second.source and str(entries[0]) in second.source
+    # Change one byte of the last tensor's data: same format, different content, new cache entry.
+    with gguf.open("r+b") as handle:
+        handle.seek(-1, 2)
+        last = handle.read(1)
+        handle.seek(-1, 2)
+        handle.write(bytes([last[0] ^ 0x01]))
+    third = load(str(gguf))
+    assert "dequantized cache" not in third.source
+    assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
