@@ -216,7 +216,7 @@ def streaming_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     # In place where possible: at long context one layer's [B, H, T, T] map is the largest tensor.
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    scores = torch.matmul(query * scaling, key.transpose(2, 3))  # scale the small tensor, not the map
     if softcap is not None:
         scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
     if attention_mask is not None:

@@ -8,16 +8,24 @@ from ..capture import Batch
 from .base import Detector
 
 
-def _masked_mass(attn: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[B, H, Q]: attention each query gives to its target keys (target is [B, Q, K] bool)."""
-    return torch.einsum("bhqk,bqk->bhq", attn, target.to(attn.dtype))
-
-
 def _pool(detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, target: torch.Tensor) -> None:
-    query_mask = target.any(-1).to(attn.dtype)  # queries that have at least one target
-    per_head = (_masked_mass(attn, target) * query_mask[:, None, :]).sum(-1)
-    baseline = (target.sum(-1).to(attn.dtype) / batch.n_visible).sum(-1)
-    detector._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
+    """Add, per row and head, the attention mass on the (sparse) target keys of every query.
+
+    Targets are few per query, so the mass is gathered at their coordinates instead of
+    multiplying the whole [B, H, T, T] map by a dense mask: this keeps the cost of these
+    detectors far below the cost of computing the attention itself at long context.
+    """
+    key = f"sparse:{id(target)}"
+    if key not in batch._cache:
+        rows, queries, keys = target.nonzero(as_tuple=True)
+        query_mask = target.any(-1)
+        baseline = (target.sum(-1).to(torch.float32) / batch.n_visible).sum(-1)
+        batch._cache[key] = (rows, queries, keys, query_mask.sum(-1), baseline)
+    rows, queries, keys, counts, baseline = batch._cache[key]
+    mass = attn[rows, :, queries, keys]  # [nnz, H]
+    per_head = torch.zeros(attn.shape[0], attn.shape[1], dtype=attn.dtype, device=attn.device)
+    per_head.index_add_(0, rows, mass)
+    detector._accumulate(layer, batch, per_head, counts, baseline)
 
 
 def induction_targets(batch: Batch) -> torch.Tensor:
