@@ -8,20 +8,25 @@ length, so that every detector has work to do), after a warm-up run of each:
   (a) bare: the model's base forward with SDPA attention, no attention output, no scoring;
   (b) scan: headscope's streaming capture with the four head-level detectors
       (previous-token, duplicate-token, induction, sink);
-  (c) tl:   TransformerLens ``detect_head`` for the same three patterns on the same sequences,
-            when transformer_lens is installed (an optional extra); otherwise reported as null.
+  (c) tl:   TransformerLens ``detect_head`` (its TransformerBridge wrapping the same loaded HF
+            model) for previous-token, duplicate-token and induction on the same sequences, decoded
+            to text because detect_head takes text; only when transformer_lens is installed (an
+            optional extra, ``pip install transformer-lens``); otherwise reported as null.
 
-Wall time is the best of ``--repeats`` runs; peak memory is the largest resident-set growth over
-the run's starting point, sampled every 2 ms. Quote the ratios, not the absolute times: these
-machines are noisy.
+Each (length, method) runs in a fresh process. Wall time is the best of ``--repeats`` runs after
+a warm-up; peak memory is how far the run lifts the process's peak resident set above what the
+loaded model and batches already took. Quote the ratios, not the absolute times: these machines
+are noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import os
-import threading
+import resource
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -32,35 +37,9 @@ from headscope import analysis, capture, detectors
 from headscope.models import load
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakMemory:
-    """Largest RSS growth (MB) while the block runs, sampled in a thread."""
-
-    def __enter__(self) -> PeakMemory:
-        self.start = rss_bytes()
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.002)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-
-    @property
-    def mb(self) -> float:
-        return (self.peak - self.start) / 2**20
+def high_water_mb() -> float:
+    """The process's peak resident set so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def make_batches(loaded, length: int, n_seqs: int, seed: int) -> list[capture.Batch]:
@@ -86,26 +65,68 @@ def scan_pass(loaded, batches) -> None:
         detector.results()
 
 
-def tl_pass(bridge, batches) -> None:  # pragma: no cover - optional dependency
+def tl_pass(bridge, texts: list[str]) -> None:  # pragma: no cover - optional dependency
+    """TransformerLens's detect_head takes text, so the same token rows go in decoded."""
     from transformer_lens.head_detector import detect_head
 
-    for batch in batches:
-        for row in batch.input_ids:
+    with torch.inference_mode():
+        for text in texts:
             for pattern in ("previous_token_head", "duplicate_token_head", "induction_head"):
-                detect_head(bridge, row[None], pattern)
+                detect_head(bridge, text, pattern)
 
 
-def timed(fn, repeats: int) -> tuple[float, float]:
-    fn()  # warm-up
-    best, peak = float("inf"), 0.0
+def worker(mode: str, model: str, length: int, tokens: int, repeats: int, seed: int) -> dict:
+    """One measurement in a fresh process, so that the peak-RSS high-water mark is this run's."""
+    loaded = load(model, capture="stream" if mode == "scan" else "eager")
+    batches = make_batches(loaded, length, max(1, tokens // length), seed)
+    if mode == "bare":
+        loaded.model.set_attn_implementation("sdpa")
+        run = partial(bare_pass, loaded.base, batches)
+    elif mode == "scan":
+        run = partial(scan_pass, loaded, batches)
+    else:  # pragma: no cover - optional dependency
+        from transformer_lens.model_bridge import TransformerBridge  # type: ignore[import-not-found]
+
+        bridge = TransformerBridge.boot_transformers(
+            model, hf_model=loaded.model, tokenizer=loaded.tokenizer, device="cpu"
+        )
+        texts = [loaded.tokenizer.decode(row) for b in batches for row in b.input_ids.tolist()]
+        run = partial(tl_pass, bridge, texts)
+        repeats = 1
+    before = high_water_mb()
+    run()  # warm-up
+    best = float("inf")
     for _ in range(repeats):
-        with PeakMemory() as memory:
-            start = time.perf_counter()
-            fn()
-            elapsed = time.perf_counter() - start
-        best = min(best, elapsed)
-        peak = max(peak, memory.mb)
-    return best, peak
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return {"seconds": best, "peak_mb": high_water_mb() - before, "sequences": len(batches[0].example_index)}
+
+
+def measure(mode: str, args: argparse.Namespace, length: int) -> dict | None:
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--model",
+        args.model,
+        "--lengths",
+        str(length),
+        "--tokens",
+        str(args.tokens),
+        "--repeats",
+        str(args.repeats),
+        "--seed",
+        str(args.seed),
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(
+            f"{mode} at {length} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+        )
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -120,44 +141,45 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker", choices=["bare", "scan", "tl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
-
-    scanner = load(args.model)  # streaming capture
-    bare = load(args.model, capture="eager")
-    bare.model.set_attn_implementation("sdpa")
-    try:
-        from transformer_lens.model_bridge import TransformerBridge  # type: ignore[import-not-found]
-
-        bridge = TransformerBridge.boot_transformers(bare.model)  # pragma: no cover
-    except Exception as exc:  # noqa: BLE001 - any import or adapter failure means "skip (c)"
-        bridge = None
-        print(f"TransformerLens comparison skipped: {type(exc).__name__}: {exc}".splitlines()[0])
+    if args.worker:
+        print(
+            json.dumps(
+                worker(args.worker, args.model, int(args.lengths), args.tokens, args.repeats, args.seed)
+            )
+        )
+        return
+    has_tl = importlib.util.find_spec("transformer_lens") is not None
+    if not has_tl:
+        print(
+            "TransformerLens comparison skipped: transformer_lens is not installed (pip install transformer-lens)"
+        )
 
     rows = []
     for length in (int(x) for x in args.lengths.split(",")):
-        batches = make_batches(scanner, length, max(1, args.tokens // length), args.seed)
-        bare_s, bare_mb = timed(partial(bare_pass, bare.base, batches), args.repeats)
-        scan_s, scan_mb = timed(partial(scan_pass, scanner, batches), args.repeats)
-        tl_s = None
-        if bridge is not None:  # pragma: no cover
-            tl_s, _ = timed(partial(tl_pass, bridge, batches), 1)
-        layout = scanner.layout
-        one_layer_mb = len(batches[0].example_index) * layout.n_heads * length * length * 4 / 2**20
+        bare = measure("bare", args, length)
+        scan = measure("scan", args, length)
+        tl = measure("tl", args, length) if has_tl else None
+        if bare is None or scan is None:
+            continue
+        n_seqs = scan["sequences"]
+        one_layer_mb = n_seqs * 9 * length * length * 4 / 2**20 if args.model == "smollm2-135m" else None
         row = {
             "length": length,
-            "sequences": len(batches[0].example_index),
-            "bare_s": round(bare_s, 4),
-            "scan_s": round(scan_s, 4),
-            "tl_s": None if tl_s is None else round(tl_s, 4),
-            "ratio_scan_bare": round(scan_s / bare_s, 3),
-            "ratio_tl_scan": None if tl_s is None else round(tl_s / scan_s, 3),
-            "bare_peak_mb": round(bare_mb, 1),
-            "scan_peak_mb": round(scan_mb, 1),
-            "one_layer_attention_mb": round(one_layer_mb, 1),
+            "sequences": n_seqs,
+            "bare_s": round(bare["seconds"], 4),
+            "scan_s": round(scan["seconds"], 4),
+            "tl_s": None if tl is None else round(tl["seconds"], 4),
+            "ratio_scan_bare": round(scan["seconds"] / bare["seconds"], 3),
+            "ratio_tl_scan": None if tl is None else round(tl["seconds"] / scan["seconds"], 3),
+            "bare_peak_mb": round(bare["peak_mb"], 1),
+            "scan_peak_mb": round(scan["peak_mb"], 1),
+            "tl_peak_mb": None if tl is None else round(tl["peak_mb"], 1),
+            "one_layer_attention_mb": None if one_layer_mb is None else round(one_layer_mb, 1),
         }
         rows.append(row)
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
     if args.json is not None:
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps(rows, indent=2) + "\n")
