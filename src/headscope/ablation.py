@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import capture
-from .analysis import CopyLossMeter, ProgressFactory, RepeatSpec, _pad_id, repeated_tokens
+from .analysis import CopyLossMeter, ProgressFactory, RepeatSpec, _batches, repeated_tokens
 from .errors import InputError
 from .models import HeadLayout, LoadedModel
 from .stats import bootstrap_ratio_ci
@@ -133,9 +133,7 @@ def ablate(
     if draws < 1:
         raise InputError(f"--draws must be at least 1, got {draws}")
     sequences, specials, offset = repeated_tokens(loaded, spec)
-    batches = capture.make_batches(
-        sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
-    )
+    batches = _batches(loaded, sequences, specials, batch_size)
     n = len(sequences)
     rng = random.Random(spec.seed)
     random_heads = [random_control(top_heads, loaded.layout, rng) for _ in range(draws)]

@@ -149,6 +149,24 @@ def score_batches(
     return [result for detector in chosen for result in detector.results(data_name)]
 
 
+def _batches(
+    loaded: LoadedModel,
+    sequences: Sequence[Sequence[int]],
+    specials: Sequence[Sequence[bool]],
+    batch_size: int,
+    meta: Sequence[dict] | None = None,
+) -> list[capture.Batch]:
+    """Length-sorted, right-padded batches for this model."""
+    return capture.make_batches(
+        sequences,
+        specials,
+        batch_size=batch_size,
+        pad_id=_pad_id(loaded),
+        is_causal=loaded.is_causal,
+        meta=meta,
+    )
+
+
 def _check_context(loaded: LoadedModel, length: int, what: str) -> None:
     limit = loaded.max_positions
     if limit is not None and length > limit:
@@ -262,9 +280,7 @@ def scan(
     text_detectors = _detectors_for("text", detector_names)
     if text_detectors:
         sequences, specials = encode_texts(loaded, prompt_set)
-        batches = capture.make_batches(
-            sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
-        )
+        batches = _batches(loaded, sequences, specials, batch_size)
         descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
         inputs[prompt_set.name] = batches
         results += score_batches(
@@ -274,9 +290,7 @@ def scan(
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
         sequences, specials, offset = repeated_tokens(loaded, repeat)
-        batches = capture.make_batches(
-            sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
-        )
+        batches = _batches(loaded, sequences, specials, batch_size)
         descriptions["repeated-tokens"] = _repeat_description(repeat)
         inputs["repeated-tokens"] = batches
         repeat_info = (repeat, offset)
@@ -377,14 +391,7 @@ def syntax(
         notes.append(f"{treebank.name}: skipped {unaligned} sentences whose words no token covers")
     if not sequences:
         raise InputError(f"{treebank.path}: no sentence has arcs of the chosen relations that can be scored")
-    batches = capture.make_batches(
-        sequences,
-        specials,
-        batch_size=batch_size,
-        pad_id=_pad_id(loaded),
-        is_causal=loaded.is_causal,
-        meta=metas,
-    )
+    batches = _batches(loaded, sequences, specials, batch_size, metas)
     detector = SyntaxDetector(wanted)
     data_name = f"syntax-{treebank.name}"
     results = score_batches(loaded, batches, [detector], len(sequences), data_name, progress=progress)
@@ -475,14 +482,7 @@ def coref(
         notes.append(f"{data_name}: excluded {too_few} examples with fewer than two visible candidates")
     if not sequences:
         raise InputError(f"{coref_set.path}: no example can be scored by this model")
-    batches = capture.make_batches(
-        sequences,
-        specials,
-        batch_size=batch_size,
-        pad_id=_pad_id(loaded),
-        is_causal=loaded.is_causal,
-        meta=metas,
-    )
+    batches = _batches(loaded, sequences, specials, batch_size, metas)
     results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
     description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
     table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
@@ -546,9 +546,7 @@ def induction(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     sequences, specials, offset = repeated_tokens(loaded, spec)
-    batches = capture.make_batches(
-        sequences, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
-    )
+    batches = _batches(loaded, sequences, specials, batch_size)
     chosen = detectors.create(["induction", "duplicate-token"])
     meter = None
     notes = []

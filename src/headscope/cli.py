@@ -362,7 +362,7 @@ def syntax(
     device_map: DeviceMapOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Syntactic heads: per relation and direction, the best head against the best fixed offset."""
+    """Syntactic heads: per relation and direction, the best head against the best positional baseline."""
     _setup_logging(debug)
     with _handle_errors(debug):
         from . import analysis, report

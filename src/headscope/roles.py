@@ -96,21 +96,7 @@ def head_roles(table: pd.DataFrame) -> pd.DataFrame:
     qualified["resting"] = qualified["role"] == RESTING_ROLE
     qualified = qualified.sort_values(["resting", "strength"], ascending=[True, False])
     best = qualified.drop_duplicates(["layer", "head"])
-    columns = [
-        "layer",
-        "head",
-        "role",
-        "data",
-        "detector",
-        "relation",
-        "direction",
-        "score",
-        "baseline",
-        "ci_low",
-        "ci_high",
-        "p_adj",
-        "n",
-    ]
+    columns = [c for c in ROLES_CSV_COLUMNS if c not in {"model", "kv_group", "n_roles"}]
     merged = heads.merge(best[columns], on=["layer", "head"], how="left")
     counts = qualified.groupby(["layer", "head"]).size().rename("n_roles")
     merged = merged.merge(counts, on=["layer", "head"], how="left")
