@@ -108,7 +108,7 @@ def _rows(report: Report, section: Section) -> pd.DataFrame:
 
 
 def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
-    """One row per relation and direction: the best head against the best fixed offset."""
+    """One row per relation and direction: the best head against the best positional baseline."""
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for name, justify in [
         ("relation", "left"),

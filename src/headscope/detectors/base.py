@@ -41,7 +41,7 @@ class DetectorResult:
     baseline_sums: torch.Tensor  # [E] float64
     baseline_kind: str
     data: str = ""
-    baseline_label: str = ""  # e.g. "offset -1" for the fixed-offset syntax baseline
+    baseline_label: str = ""  # e.g. "offset -1" or "first word" for the syntax baseline
     extras: dict[str, float] = field(default_factory=dict)  # e.g. {"chance": 0.5}
 
     @property
