@@ -22,6 +22,7 @@ import torch
 from .errors import RunFailure
 
 STREAM_IMPLEMENTATION = "headscope_stream"
+_CHUNK_ELEMENTS = 1 << 23  # score elements per query chunk (32 MB in float32)
 
 LayerCallback = Callable[[int, torch.Tensor, "Batch"], None]
 
@@ -215,14 +216,24 @@ def streaming_attention(
     value = _repeat_kv(value, n_rep)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    # In place where possible: at long context one layer's [B, H, T, T] map is the largest tensor.
-    scores = torch.matmul(query * scaling, key.transpose(2, 3))  # scale the small tensor, not the map
-    if softcap is not None:
-        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
-    if attention_mask is not None:
-        scores.add_(attention_mask[:, :, :, : key.shape[-2]])
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    del scores
+    # At long context one layer's [B, H, T, T] map is the largest tensor, so the scores are
+    # computed in query chunks: only the weights map and one chunk of scores exist at a time.
+    batch, heads, length, _ = query.shape
+    keys = key.shape[-2]
+    weights = torch.empty(batch, heads, length, keys, dtype=torch.float32, device=query.device)
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * keys))
+    scaled = query * scaling  # scale the small tensor, not the map
+    key_t = key.transpose(2, 3)
+    for start in range(0, length, chunk):
+        stop = min(length, start + chunk)
+        scores = torch.matmul(scaled[:, :, start:stop], key_t)
+        if softcap is not None:
+            scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+        if attention_mask is not None:
+            rows = attention_mask if attention_mask.shape[2] == 1 else attention_mask[:, :, start:stop]
+            scores.add_(rows[..., :keys])
+        weights[:, :, start:stop] = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        del scores
     sink = _ACTIVE_SINK.get()
     layer = sink.deliver(module, weights) if sink is not None else None
     output = torch.matmul(weights.to(value.dtype), value)  # [B, H, T, D]
