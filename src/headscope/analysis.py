@@ -331,10 +331,27 @@ def scan(
 # --- syntax -------------------------------------------------------------------------------------
 
 
-def _encode_spans(
-    loaded: LoadedModel, text: str, spans: Sequence[tuple[int, int]]
-) -> tuple[list[int], list[bool], torch.Tensor, torch.Tensor]:
-    return encode_with_spans(loaded.tokenizer, text, spans)
+def _prompt_set_report(
+    loaded: LoadedModel,
+    results: list[DetectorResult],
+    data_name: str,
+    description: str,
+    notes: list[str],
+    batches: list[capture.Batch],
+    n_resamples: int,
+    seed: int,
+) -> Report:
+    """The report of one scored prompt set (syntax treebank or coreference set)."""
+    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, {data_name: description}),
+        loaded.capture_mode,
+        notes=notes,
+        results=results,
+        inputs={data_name: batches},
+    )
 
 
 def syntax(
@@ -370,8 +387,8 @@ def syntax(
         if not arcs:
             continue
         try:
-            ids, special, to_word, from_word = _encode_spans(
-                loaded, sentence.text, [(w.start, w.end) for w in sentence.words]
+            ids, special, to_word, from_word = encode_with_spans(
+                loaded.tokenizer, sentence.text, [(w.start, w.end) for w in sentence.words]
             )
         except AlignmentError:
             unaligned += 1
@@ -402,16 +419,7 @@ def syntax(
             f"cannot see it: {', '.join(f'{r} {d}' for r, d in unscored)}"
         )
     description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
-    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
-    return Report(
-        loaded.name,
-        table,
-        _sections(results, {data_name: description}),
-        loaded.capture_mode,
-        notes=notes,
-        results=results,
-        inputs={data_name: batches},
-    )
+    return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
 
 
 # --- coreference --------------------------------------------------------------------------------
@@ -453,8 +461,8 @@ def coref(
             too_few += 1
             continue
         try:
-            ids, special, to_word, from_word = _encode_spans(
-                loaded, item.text, [item.pronoun, *item.candidates]
+            ids, special, to_word, from_word = encode_with_spans(
+                loaded.tokenizer, item.text, [item.pronoun, *item.candidates]
             )
         except AlignmentError as exc:
             raise InputError(f"{item.source}: {exc}") from exc
@@ -485,16 +493,7 @@ def coref(
     batches = _batches(loaded, sequences, specials, batch_size, metas)
     results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
     description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
-    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
-    return Report(
-        loaded.name,
-        table,
-        _sections(results, {data_name: description}),
-        loaded.capture_mode,
-        notes=notes,
-        results=results,
-        inputs={data_name: batches},
-    )
+    return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
 
 
 class CopyLossMeter:

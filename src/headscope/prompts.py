@@ -99,18 +99,22 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _text_item(raw: Any, where: str, index: int, stem: str) -> TextItem:
+def _item_fields(raw: Any, where: str, index: int, allowed: set[str], shape: str) -> dict[str, Any]:
+    """The item's keys without the loader's line marker; rejects non-mappings and unknown keys."""
     if not isinstance(raw, dict):
-        raise PromptSetError(
-            f"{where}: item {index} must be a mapping with a 'text' key, got {type(raw).__name__}"
-        )
+        raise PromptSetError(f"{where}: item {index} must be {shape}, got {type(raw).__name__}")
     raw = {k: v for k, v in raw.items() if k != "__line__"}
-    unknown = set(raw) - TEXT_ITEM_KEYS
+    unknown = set(raw) - allowed
     if unknown:
         raise PromptSetError(
             f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}",
-            hint=f"allowed: {', '.join(sorted(TEXT_ITEM_KEYS))}",
+            hint=f"allowed: {', '.join(sorted(allowed))}",
         )
+    return raw
+
+
+def _text_item(raw: Any, where: str, index: int, stem: str) -> TextItem:
+    raw = _item_fields(raw, where, index, TEXT_ITEM_KEYS, "a mapping with a 'text' key")
     text = raw.get("text")
     if not isinstance(text, str) or not text.strip():
         raise PromptSetError(f"{where}: 'text' must be a non-empty string")
@@ -233,15 +237,7 @@ def _span(value: Any, what: str, where: str, text: str) -> Span:
 
 
 def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
-    if not isinstance(raw, dict):
-        raise PromptSetError(f"{where}: item {index} must be a mapping, got {type(raw).__name__}")
-    raw = {k: v for k, v in raw.items() if k != "__line__"}
-    unknown = set(raw) - COREF_ITEM_KEYS
-    if unknown:
-        raise PromptSetError(
-            f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}",
-            hint=f"allowed: {', '.join(sorted(COREF_ITEM_KEYS))}",
-        )
+    raw = _item_fields(raw, where, index, COREF_ITEM_KEYS, "a mapping")
     for key in ("text", "pronoun", "candidates", "antecedent"):
         if key not in raw:
             raise PromptSetError(f"{where}: missing '{key}'")
