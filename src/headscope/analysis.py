@@ -134,15 +134,20 @@ def score_batches(
     for detector in chosen:
         detector.start(loaded.layout, n_examples)
 
-    def on_layer(layer: int, attn: torch.Tensor, batch: capture.Batch) -> None:
+    def on_layer(layer: int, attn: torch.Tensor, batch: capture.Batch, q_start: int) -> None:
         for detector in chosen:
-            detector.update(layer, attn, batch)
+            detector.update(layer, attn, batch, q_start)
+
+    def on_layer_done(layer: int, batch: capture.Batch) -> None:
+        for detector in chosen:
+            detector.end_layer(layer, batch)
 
     advance = progress(data_name, n_examples) if progress else None
     capture.run(
         loaded,
         batches,
         on_layer,
+        on_layer_done=on_layer_done,
         on_logits=on_logits,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )

@@ -24,7 +24,9 @@ from .errors import RunFailure
 STREAM_IMPLEMENTATION = "headscope_stream"
 _CHUNK_ELEMENTS = 1 << 23  # score elements per query chunk (32 MB in float32)
 
-LayerCallback = Callable[[int, torch.Tensor, "Batch"], None]
+# on_layer(layer, weights[B, H, c, K'], batch, q_start): weights of queries q_start..q_start+c-1.
+LayerCallback = Callable[[int, torch.Tensor, "Batch", int], None]
+LayerDone = Callable[[int, "Batch"], None]
 
 
 @dataclass
@@ -160,21 +162,34 @@ class Ablation:
 
 
 class _LayerSink:
-    """Receives each layer's weights during one forward pass, and applies any ablation."""
+    """Receives each layer's weights, chunk by chunk, during one forward pass; applies any ablation."""
 
-    def __init__(self, callback: LayerCallback, batch: Batch, ablation: Ablation | None = None) -> None:
+    def __init__(
+        self,
+        callback: LayerCallback,
+        batch: Batch,
+        ablation: Ablation | None = None,
+        on_layer_done: LayerDone | None = None,
+    ) -> None:
         self.callback = callback
         self.batch = batch
         self.ablation = ablation
+        self.on_layer_done = on_layer_done
         self.calls = 0
 
-    def deliver(self, module: Any, weights: torch.Tensor) -> int:
+    def begin(self, module: Any) -> int:
         layer = getattr(module, "layer_idx", None)
         if layer is None:  # models that do not number their attention modules run them in order
             layer = self.calls
         self.calls += 1
-        self.callback(int(layer), weights, self.batch)
         return int(layer)
+
+    def deliver(self, layer: int, weights: torch.Tensor, q_start: int) -> None:
+        self.callback(layer, weights, self.batch, q_start)
+
+    def end(self, layer: int) -> None:
+        if self.on_layer_done is not None:
+            self.on_layer_done(layer, self.batch)
 
 
 _ACTIVE_SINK: ContextVar[_LayerSink | None] = ContextVar("headscope_sink", default=None)
@@ -216,30 +231,55 @@ def streaming_attention(
     value = _repeat_kv(value, n_rep)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    # At long context one layer's [B, H, T, T] map is the largest tensor, so the scores are
-    # computed in query chunks: only the weights map and one chunk of scores exist at a time.
+    # The weights are produced, scored and multiplied into the values one query chunk at a time,
+    # so no layer's full [B, H, T, T] map ever exists. In a causal layer the chunk of queries
+    # q_start..stop-1 sees only keys < stop: the keys after it are skipped, which halves the work.
     batch, heads, length, _ = query.shape
     keys = key.shape[-2]
-    weights = torch.empty(batch, heads, length, keys, dtype=torch.float32, device=query.device)
     chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * keys))
     scaled = query * scaling  # scale the small tensor, not the map
     key_t = key.transpose(2, 3)
+    output = torch.empty(batch, heads, length, value.shape[-1], dtype=value.dtype, device=value.device)
+    sink = _ACTIVE_SINK.get()
+    layer = sink.begin(module) if sink is not None else None
     for start in range(0, length, chunk):
         stop = min(length, start + chunk)
-        scores = torch.matmul(scaled[:, :, start:stop], key_t)
-        if softcap is not None:
-            scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+        rows = None
         if attention_mask is not None:
             rows = attention_mask if attention_mask.shape[2] == 1 else attention_mask[:, :, start:stop]
-            scores.add_(rows[..., :keys])
-        weights[:, :, start:stop] = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        limit = _visible_keys(rows, stop, keys)
+        scores = torch.matmul(scaled[:, :, start:stop], key_t[..., :limit])
+        if softcap is not None:
+            scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+        if rows is not None:
+            if rows.dtype == torch.bool:  # True = may attend
+                scores.masked_fill_(~rows[..., :limit], torch.finfo(scores.dtype).min)
+            else:
+                scores.add_(rows[..., :limit])
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         del scores
-    sink = _ACTIVE_SINK.get()
-    layer = sink.deliver(module, weights) if sink is not None else None
-    output = torch.matmul(weights.to(value.dtype), value)  # [B, H, T, D]
-    if sink is not None and sink.ablation is not None and layer is not None:
-        output = sink.ablation.apply(layer, output, sink.batch)
+        if sink is not None and layer is not None:
+            sink.deliver(layer, weights, start)
+        output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, :limit])
+        del weights
+    if sink is not None and layer is not None:
+        sink.end(layer)
+        if sink.ablation is not None:
+            output = sink.ablation.apply(layer, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _visible_keys(rows: torch.Tensor | None, stop: int, keys: int) -> int:
+    """How many leading keys a query chunk ending at ``stop`` can see under its additive mask.
+
+    Keys from ``stop`` on are dropped only when the mask blocks every one of them (causal and
+    sliding-window masks do; a padding-only or prefix-LM mask does not), so nothing is guessed.
+    """
+    if rows is None or rows.shape[2] == 1 or stop >= keys:
+        return keys
+    tail = rows[..., stop:keys]
+    blocked = ~tail if tail.dtype == torch.bool else tail <= torch.finfo(tail.dtype).min / 2
+    return stop if bool(blocked.all()) else keys
 
 
 _registered = False
@@ -259,8 +299,13 @@ def register_streaming_attention() -> None:
 
 
 @contextlib.contextmanager
-def _sink(callback: LayerCallback, batch: Batch, ablation: Ablation | None = None) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation)
+def _sink(
+    callback: LayerCallback,
+    batch: Batch,
+    ablation: Ablation | None = None,
+    on_layer_done: LayerDone | None = None,
+) -> Iterator[_LayerSink]:
+    sink = _LayerSink(callback, batch, ablation, on_layer_done)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -273,13 +318,17 @@ def run(
     batches: Iterable[Batch],
     on_layer: LayerCallback,
     *,
+    on_layer_done: LayerDone | None = None,
     on_logits: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
     ablation: Ablation | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
-    ``on_layer(layer, weights[B, H, Q, K] float32, batch)`` must not modify ``weights``.
+    ``on_layer(layer, weights, batch, q_start)`` receives float32 weights ``[B, H, c, K']`` for
+    the queries ``q_start .. q_start + c - 1``, in order; ``K'`` may stop short of the batch's
+    length when the keys after the chunk are all masked (their weight is 0). It must not modify
+    ``weights``. ``on_layer_done(layer, batch)`` follows a layer's last chunk.
     The LM head runs only when ``on_logits`` is given. ``ablation`` replaces chosen heads'
     outputs (streaming capture only).
     """
@@ -294,7 +343,7 @@ def run(
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
             if loaded.capture_mode == "stream":
-                with _sink(on_layer, on_device, ablation) as sink:
+                with _sink(on_layer, on_device, ablation, on_layer_done) as sink:
                     out = module(**inputs, **extra)
                 if sink.calls != n_layers:
                     raise RunFailure(
@@ -307,7 +356,9 @@ def run(
                 if attentions is None or len(attentions) != n_layers:
                     raise RunFailure("the model returned no attention weights in eager mode")
                 for layer, weights in enumerate(attentions):
-                    on_layer(layer, weights.float(), on_device)
+                    on_layer(layer, weights.float(), on_device, 0)
+                    if on_layer_done is not None:
+                        on_layer_done(layer, on_device)
             if on_logits is not None:
                 on_logits(out.logits.float(), on_device)
             if on_batch_done is not None:

@@ -9,14 +9,25 @@ from headscope.prompts import load_texts
 
 
 def collect(loaded, batches):
+    """Whole per-example maps, reassembled from the query chunks (cut keys are zero)."""
+    chunks: dict[int, list[tuple[int, torch.Tensor]]] = {}
     seen: dict[tuple[int, int], torch.Tensor] = {}
 
-    def on_layer(layer, attn, batch):
+    def on_layer(layer, attn, batch, q_start):
+        chunks.setdefault(layer, []).append((q_start, attn.clone()))
+
+    def on_layer_done(layer, batch):
+        length = batch.input_ids.shape[1]
+        parts = chunks.pop(layer)
+        assert [start for start, _ in parts] == sorted(start for start, _ in parts)
+        full = torch.zeros(*parts[0][1].shape[:2], length, length)
+        for start, part in parts:
+            full[:, :, start : start + part.shape[2], : part.shape[3]] = part
         for row, example in enumerate(batch.example_index.tolist()):
             n = int(batch.attention_mask[row].sum())
-            seen[(example, layer)] = attn[row, :, :n, :n].clone()
+            seen[(example, layer)] = full[row, :, :n, :n]
 
-    capture.run(loaded, batches, on_layer)
+    capture.run(loaded, batches, on_layer, on_layer_done=on_layer_done)
     return seen
 
 

@@ -39,7 +39,7 @@ def run_detector(name: str, batch, attn_by_layer: list[torch.Tensor]):
     detector.start(LAYOUT, n_examples=int(batch.example_index.max()) + 1)
     for layer, attn in enumerate(attn_by_layer):
         before = attn.clone()
-        detector.update(layer, attn, batch)
+        detector.consume(layer, attn, batch)
         assert torch.equal(attn, before), "a detector modified its input"
     (result,) = detector.results()
     return result
@@ -182,3 +182,33 @@ def test_unknown_detector_is_rejected():
 
     with pytest.raises(InputError, match="unknown detector nope"):
         detectors.create(["nope"])
+
+
+def random_causal(batch, n_heads, seed):
+    """Random causal rows over each row's real tokens (pads get no weight)."""
+    generator = torch.Generator().manual_seed(seed)
+    size, length = batch.input_ids.shape
+    logits = torch.randn(size, n_heads, length, length, generator=generator)
+    allowed = torch.ones(length, length, dtype=torch.bool).tril() & batch.attention_mask[:, None, None, :]
+    return torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize("name", ["previous-token", "duplicate-token", "induction", "sink"])
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_chunked_delivery_equals_whole_map(name, rows):
+    """Streaming capture hands query chunks whose keys stop at the chunk's end (causal)."""
+    batch = plain_batch([[5, 6, 7, 5, 6, 7, 8, 5, 6], [9, 3, 9, 3, 4]], special_first=True)
+    layers = [random_causal(batch, LAYOUT.n_heads, seed) for seed in range(LAYOUT.n_layers)]
+    whole = run_detector(name, batch, layers)
+    detector = detectors.create([name])[0]
+    detector.start(LAYOUT, n_examples=2)
+    length = batch.input_ids.shape[1]
+    for layer, attn in enumerate(layers):
+        for start in range(0, length, rows):
+            stop = min(length, start + rows)
+            detector.update(layer, attn[:, :, start:stop, :stop], batch, start)
+        detector.end_layer(layer, batch)
+    (chunked,) = detector.results()
+    assert torch.allclose(chunked.sums, whole.sums, atol=1e-6)
+    assert torch.equal(chunked.counts, whole.counts)
+    assert torch.allclose(chunked.baseline_sums, whole.baseline_sums)

@@ -45,7 +45,7 @@ def test_syntax_planted_head_and_offset_baseline_encoder():
     detector = SyntaxDetector(["det", "nsubj", "obj"])
     detector.start(LAYOUT, 1)
     before = attn.clone()
-    detector.update(0, attn, batch)
+    detector.consume(0, attn, batch)
     assert torch.equal(attn, before)
     results = {(r.relation, r.direction): r for r in detector.results("toy")}
     det = results[("det", "dep->head")]
@@ -67,7 +67,7 @@ def test_syntax_causal_visibility():
         attn[0, :, i, target] = 1.0
     detector = SyntaxDetector(["det", "nsubj", "obj"])
     detector.start(LAYOUT, 1)
-    detector.update(0, attn, batch)
+    detector.consume(0, attn, batch)
     keys = {(r.relation, r.direction): r for r in detector.results()}
     # det/nsubj heads come after their dependents: only head->dep is visible; obj is the reverse.
     assert set(keys) == {("det", "head->dep"), ("nsubj", "head->dep"), ("obj", "dep->head")}
@@ -85,7 +85,7 @@ def test_syntax_padding_and_examples_are_separate():
     attn[:, :, 2, 1] = 1.0
     detector = SyntaxDetector(["det", "obj"])
     detector.start(LAYOUT, 2)
-    detector.update(0, attn, batch)
+    detector.consume(0, attn, batch)
     det = {(r.relation, r.direction): r for r in detector.results()}[("det", "dep->head")]
     assert det.counts.tolist() == [1.0, 1.0]
     assert det.sums[:, 0, 0].tolist() == [1.0, 1.0]
@@ -128,9 +128,37 @@ def test_coref_planted_head_nearest_baseline_and_chance():
     attn[1, 1, 2] = torch.tensor([0.1, 0.8, 0.1])  # head 1, example 1: pronoun -> candidate 1 (right)
     detector = CorefDetector()
     detector.start(LAYOUT, 2)
-    detector.update(0, attn, batch)
+    detector.consume(0, attn, batch)
     (result,) = detector.results("toy")
     assert result.scores()[0].tolist() == [0.5, 1.0, 0.5]
     assert result.baseline() == pytest.approx(0.5)  # nearest is right on example 1 only
     assert result.extras["chance"] == pytest.approx(0.5)
     assert result.n == 2
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_word_level_detectors_accept_query_chunks(causal):
+    """Syntax and coref sum the word map over query chunks and score it at the end of the layer."""
+    arcs = [(0, 1, "det"), (1, 2, "nsubj"), (3, 4, "det"), (4, 2, "obj")]
+    batch = batch_for([arcs, arcs[:2]], [5, 3], causal=causal)
+    generator = torch.Generator().manual_seed(3)
+    attn = torch.softmax(torch.randn(2, 3, 5, 5, generator=generator), -1)
+    if causal:
+        attn = attn.tril()
+        attn = attn / attn.sum(-1, keepdim=True)
+    for make, chosen in [(lambda: SyntaxDetector(["det", "nsubj", "obj"]), batch), (CorefDetector, None)]:
+        chosen = chosen or coref_batch(causal)
+        data = attn[:, :, :3, :3] / attn[:, :, :3, :3].sum(-1, keepdim=True) if chosen is not batch else attn
+        whole, chunked = make(), make()
+        whole.start(LAYOUT, 2)
+        chunked.start(LAYOUT, 2)
+        whole.consume(0, data, chosen)
+        length = data.shape[2]
+        for start in range(0, length, 2):
+            stop = min(length, start + 2)
+            keys = stop if causal else length
+            chunked.update(0, data[:, :, start:stop, :keys], chosen, start)
+        chunked.end_layer(0, chosen)
+        for a, b in zip(whole.results(), chunked.results(), strict=True):
+            assert (a.relation, a.direction) == (b.relation, b.direction)
+            assert torch.equal(a.sums, b.sums) and torch.equal(a.counts, b.counts)

@@ -38,7 +38,7 @@ def planted_previous_token_results(n_sequences: int = 24, length: int = 16, seed
             planted[:, 1:, 0] += 1 - planted[:, 1:].sum(-1)
             planted[:, 0, 0] = 1.0
             attn[:, 0] = planted
-        detector.update(layer, attn, batch)
+        detector.consume(layer, attn, batch)
     return detector.results("synthetic")
 
 

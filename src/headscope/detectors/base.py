@@ -1,7 +1,8 @@
 """The detector contract.
 
 A detector turns one layer's attention ``[batch, head, query, key]`` plus the batch's metadata
-into running per-example sums, one per head. It never modifies the attention tensor and never
+into running per-example sums, one per head. The attention arrives in query chunks (see
+``update``), so no detector ever needs a layer's whole map. It never modifies the attention tensor and never
 does I/O. Keeping sums per example (sequence, sentence or pair) lets ``stats`` bootstrap over
 examples later.
 
@@ -101,8 +102,23 @@ class Detector(ABC):
             self._baseline[rows] += baseline.double().cpu()
 
     @abstractmethod
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
-        """Consume one layer's attention ``[B, H, Q, K]`` (float32, rows sum to 1). Read-only."""
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
+        """Consume one query chunk of a layer's attention. Read-only.
+
+        ``attn`` is float32 ``[B, H, c, K']``: the rows of queries ``q_start .. q_start + c - 1``
+        (each sums to 1). ``K'`` can be smaller than the batch length when the keys after the
+        chunk are masked; those weights are 0. Chunks of one layer arrive in order, then
+        ``end_layer`` is called.
+        """
+
+    def end_layer(self, layer: int, batch: Batch) -> None:
+        """Called after the last chunk of ``layer``. Detectors that need whole rows finish here."""
+        return None
+
+    def consume(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+        """Feed a whole layer's map ``[B, H, T, T]`` at once."""
+        self.update(layer, attn, batch, 0)
+        self.end_layer(layer, batch)
 
     def results(self, data: str = "") -> list[DetectorResult]:
         return [

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from ..align import word_attention
 from ..capture import Batch
-from .base import Detector, DetectorResult
-from .syntax import word_maps
+from .base import DetectorResult
+from .words import WordLevelDetector
 
 
-class CorefDetector(Detector):
+class CorefDetector(WordLevelDetector):
     name = "coref"
     summary = "accuracy of the most-attended candidate, from the pronoun, against the gold antecedent"
     needs = frozenset({"coref"})
@@ -30,9 +29,8 @@ class CorefDetector(Detector):
         self._chance = torch.zeros(n_examples, dtype=torch.float64)
         self._first = torch.zeros(n_examples, dtype=torch.float64)
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
-        to_word, from_word, word_mask = word_maps(batch)  # column 0 is the pronoun
-        scores = word_attention(attn, to_word, from_word)[:, :, 0, 1:]  # [B, H, C]
+    def score_words(self, layer: int, scores: torch.Tensor, batch: Batch) -> None:
+        scores = scores[:, :, 0, 1:]  # row 0 is the pronoun; columns 1.. the candidates: [B, H, C]
         visible = torch.zeros(scores.shape[0], scores.shape[-1], dtype=torch.bool, device=scores.device)
         for row, meta in enumerate(batch.meta):
             visible[row, : len(meta["visible"])] = torch.tensor(meta["visible"])

@@ -8,18 +8,22 @@ from ..capture import Batch
 from .base import Detector
 
 
-def _pool(detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, target: torch.Tensor) -> None:
+def _pool(
+    detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, q_start: int, target: torch.Tensor
+) -> None:
     """Add, per row and head, the attention mass on the (sparse) target keys of every query.
 
     Targets are few per query, so the mass is gathered at their coordinates instead of
     multiplying the whole [B, H, T, T] map by a dense mask: this keeps the cost of these
     detectors far below the cost of computing the attention itself at long context.
     """
-    key = f"sparse:{id(target)}"
+    stop = q_start + attn.shape[2]
+    key = f"sparse:{id(target)}:{q_start}:{stop}"
     if key not in batch._cache:
-        rows, queries, keys = target.nonzero(as_tuple=True)
-        query_mask = target.any(-1)
-        baseline = (target.sum(-1).to(torch.float32) / batch.n_visible).sum(-1)
+        chunk = target[:, q_start:stop]  # targets are earlier keys, so they lie inside the chunk's K'
+        rows, queries, keys = chunk.nonzero(as_tuple=True)
+        query_mask = chunk.any(-1)
+        baseline = (chunk.sum(-1).to(torch.float32) / batch.n_visible[:, q_start:stop]).sum(-1)
         batch._cache[key] = (rows, queries, keys, query_mask.sum(-1), baseline)
     rows, queries, keys, counts, baseline = batch._cache[key]
     mass = attn[rows, :, queries, keys]  # [nnz, H]
@@ -49,8 +53,8 @@ class DuplicateTokenDetector(Detector):
     summary = "attention from a token to its earlier occurrences, summed, over tokens seen before"
     default_source = "repeated-tokens"
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
-        _pool(self, layer, attn, batch, batch.earlier_same_token)
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
+        _pool(self, layer, attn, batch, q_start, batch.earlier_same_token)
 
 
 class InductionDetector(Detector):
@@ -58,5 +62,5 @@ class InductionDetector(Detector):
     summary = "attention from a repeated token to the tokens that followed its earlier occurrences"
     default_source = "repeated-tokens"
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
-        _pool(self, layer, attn, batch, induction_targets(batch))
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
+        _pool(self, layer, attn, batch, q_start, induction_targets(batch))

@@ -13,13 +13,17 @@ class PreviousTokenDetector(Detector):
     summary = "attention from position i to i-1, averaged over positions whose previous token is not special"
     default_source = "text"
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
+        first, stop = max(q_start, 1), q_start + attn.shape[2]
+        if first >= stop:
+            return
         content = batch.content
         # Query i >= 1 with both i and i-1 real, non-special tokens (BOS/CLS/pad excluded).
-        query_mask = (content[:, 1:] & content[:, :-1]).to(attn.dtype)  # [B, T-1]
-        to_previous = attn.diagonal(offset=-1, dim1=2, dim2=3)  # [B, H, T-1]: A[i, i-1]
+        query_mask = (content[:, first:stop] & content[:, first - 1 : stop - 1]).to(attn.dtype)
+        # Local row j holds query q_start + j; its previous token is key q_start + j - 1.
+        to_previous = attn.diagonal(offset=q_start - 1, dim1=2, dim2=3)  # [B, H, stop - first]
         per_head = (to_previous * query_mask[:, None, :]).sum(-1)
-        baseline = (query_mask / batch.n_visible[:, 1:]).sum(-1)
+        baseline = (query_mask / batch.n_visible[:, first:stop]).sum(-1)
         self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
 
 
@@ -28,10 +32,12 @@ class SinkDetector(Detector):
     summary = "mean attention to position 0 (BOS/CLS when the tokenizer adds one), from every later position"
     default_source = "text"
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
-        query_mask = batch.attention_mask.clone()
-        query_mask[:, 0] = False  # position 0 attending to itself says nothing in a causal model
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
+        stop = q_start + attn.shape[2]
+        query_mask = batch.attention_mask[:, q_start:stop].clone()
+        if q_start == 0:
+            query_mask[:, 0] = False  # position 0 attending to itself says nothing in a causal model
         query_mask = query_mask.to(attn.dtype)
         per_head = (attn[..., 0] * query_mask[:, None, :]).sum(-1)
-        baseline = (query_mask / batch.n_visible).sum(-1)
+        baseline = (query_mask / batch.n_visible[:, q_start:stop]).sum(-1)
         self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..align import pad_maps, word_attention
 from ..capture import Batch
 from ..models import HeadLayout
-from .base import Detector, DetectorResult
+from .base import DetectorResult
+from .words import WordLevelDetector, word_maps
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_RELATIONS = ("nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark")
@@ -55,22 +55,7 @@ RELATION_NAMES = {
 }
 
 
-def word_maps(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padded (to_word, from_word, real-word mask) for a batch whose meta holds the maps."""
-    if "word_maps" not in batch._cache:
-        length = batch.input_ids.shape[1]
-        device = batch.input_ids.device
-        to_word = pad_maps([m["to_word"] for m in batch.meta], length).to(device)
-        from_word = pad_maps([m["from_word"] for m in batch.meta], length).to(device)
-        n_words = torch.tensor([m["to_word"].shape[1] for m in batch.meta], device=device)
-        word_mask = torch.arange(to_word.shape[2], device=device)[None, :] < n_words[:, None]
-        batch._cache["word_maps"] = to_word
-        batch._cache["from_word"] = from_word
-        batch._cache["word_mask"] = word_mask
-    return batch._cache["word_maps"], batch._cache["from_word"], batch._cache["word_mask"]
-
-
-class SyntaxDetector(Detector):
+class SyntaxDetector(WordLevelDetector):
     name = "syntax"
     summary = "accuracy of the most-attended word (self excluded) against the gold dependency"
     needs = frozenset({"words", "arcs"})
@@ -118,7 +103,7 @@ class SyntaxDetector(Detector):
         batch._cache["syntax_keys"] = torch.tensor(keys, dtype=torch.long, device=device)
         return batch._cache  # type: ignore[return-value]
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch) -> None:
+    def score_words(self, layer: int, scores: torch.Tensor, batch: Batch) -> None:
         cache = self._pairs_of(batch)
         rows, queries, targets, keys = (
             cache["syntax_pairs"],
@@ -128,8 +113,7 @@ class SyntaxDetector(Detector):
         )
         if len(rows) == 0:
             return
-        to_word, from_word, word_mask = word_maps(batch)
-        scores = word_attention(attn, to_word, from_word)  # [B, H, W, W]
+        word_mask = word_maps(batch)[2]
         n_words = scores.shape[-1]
         allowed = word_mask[:, None, None, :] & ~torch.eye(n_words, dtype=torch.bool, device=scores.device)
         if batch.is_causal:
