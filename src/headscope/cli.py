@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -50,6 +51,12 @@ class AblationMode(str, Enum):
     mean = "mean"
 
 
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
 class CaptureMode(str, Enum):
     auto = "auto"
     stream = "stream"
@@ -81,6 +88,15 @@ ResamplesOpt = Annotated[
     int, typer.Option("--resamples", min=0, help="Bootstrap resamples for the 95% intervals.")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")]
+FormatOpt = Annotated[
+    Format,
+    typer.Option("--format", help="table: for people; csv or json: every head, for programs."),
+]
+OutputOpt = Annotated[
+    str,
+    typer.Option("-o", "--output", help="Where the --format output goes: a file, or - for stdout."),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite output files that already exist.")]
 DeviceMapOpt = Annotated[
     str | None,
     typer.Option("--device-map", help="'auto': let accelerate spread a model too big for one device."),
@@ -198,6 +214,9 @@ def scan(
             "--alpha", min=0.0, max=1.0, help="False discovery rate for roles (Benjamini–Hochberg)."
         ),
     ] = 0.05,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
@@ -214,9 +233,7 @@ def scan(
         names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
         if names is not None:
             detectors.create(names)  # reject unknown names before loading anything
-        for path, option in ((csv, "--csv"), (roles_csv, "--roles-csv")):
-            if path is not None:
-                report.check_writable(path, option)
+        _check_outputs(force, ("-o", output), ("--csv", csv), ("--roles-csv", roles_csv))
         rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
         # Read and validate the prompt set before spending seconds on loading a model.
         text_set = load_texts(text if text is not None else builtin(analysis.DEFAULT_TEXT_SET))
@@ -240,13 +257,30 @@ def scan(
                 from .ablation import verify as run_verify
 
                 checks = run_verify(loaded, result, k=verify_k, seed=seed, progress=progress)
-        _finish(result, csv, top)
-        if checks is not None:
-            report.print_verification(checks, out, verify_k, "zero")
-            out.print()
-        report.print_role_map(result, out, rule.describe())
+
+        def after(console: Console) -> None:
+            if checks is not None:
+                report.print_verification(checks, console, verify_k, "zero")
+                console.print()
+            report.print_role_map(result, console, rule.describe())
+
+        _finish(
+            result,
+            "scan",
+            fmt=fmt,
+            output=output,
+            force=force,
+            csv=csv,
+            top=top,
+            after=after,
+            extra_json={
+                "roles": report.roles_records(result),
+                "role_rule": rule.describe(),
+                "verification": None if checks is None else [_verification_json(c) for c in checks],
+            },
+        )
         if roles_csv is not None:
-            path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv")
+            path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv", force)
             err.print(f"wrote {path}", soft_wrap=True)
 
 
@@ -276,6 +310,9 @@ def induction(
     ] = None,
     batch_size: BatchSizeOpt = 16,
     resamples: ResamplesOpt = 1000,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
@@ -289,9 +326,7 @@ def induction(
 
         spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed, bos=bos)
         spec.validate()
-        for path, option in ((csv, "--csv"), (json_out, "--json")):
-            if path is not None:
-                report.check_writable(path, option)
+        _check_outputs(force, ("-o", output), ("--csv", csv), ("--json", json_out))
         if json_out is not None and not ablate:
             raise InputError("--json writes the ablation result", hint="add --ablate K")
         loaded = _load(model, device, dtype, capture, device_map)
@@ -321,14 +356,26 @@ def induction(
                     n_resamples=resamples,
                     progress=progress,
                 )
-        _finish(result, csv, top)
-        if effect is not None:
-            report.print_ablation(effect, out)
-            if json_out is not None:
-                import json
 
-                path = report.write_atomic(json_out, json.dumps(effect.to_json(), indent=2) + "\n", "--json")
-                err.print(f"wrote {path}", soft_wrap=True)
+        def after(console: Console) -> None:
+            if effect is not None:
+                report.print_ablation(effect, console)
+
+        _finish(
+            result,
+            "induction",
+            fmt=fmt,
+            output=output,
+            force=force,
+            csv=csv,
+            top=top,
+            after=after,
+            extra_json={"ablation": None if effect is None else effect.to_json()},
+        )
+        if effect is not None and json_out is not None:
+            text = json.dumps(effect.to_json(), indent=2) + "\n"
+            path = report.write_atomic(json_out, text, "--json", force)
+            err.print(f"wrote {path}", soft_wrap=True)
 
 
 SkipBadOpt = Annotated[
@@ -356,6 +403,9 @@ def syntax(
     batch_size: BatchSizeOpt = 8,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
@@ -365,12 +415,11 @@ def syntax(
     """Syntactic heads: per relation and direction, the best head against the best positional baseline."""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis, report
+        from . import analysis
         from .conllu import read_conllu
         from .prompts import builtin
 
-        if csv is not None:
-            report.check_writable(csv)
+        _check_outputs(force, ("-o", output), ("--csv", csv))
         source = treebank if treebank is not None else builtin(analysis.DEFAULT_TREEBANKS[0])
         parsed = read_conllu(source, skip_bad=skip_bad, limit=limit)
         wanted = [r.strip() for r in relations.split(",") if r.strip()] if relations else None
@@ -386,7 +435,7 @@ def syntax(
                 seed=seed,
                 progress=progress,
             )
-        _finish(result, csv, top=10)
+        _finish(result, "syntax", fmt=fmt, output=output, force=force, csv=csv, top=10)
 
 
 @app.command()
@@ -402,6 +451,9 @@ def coref(
     batch_size: BatchSizeOpt = 8,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
     device: DeviceOpt = Device.cpu,
     dtype: DtypeOpt = Dtype.float32,
     capture: CaptureOpt = CaptureMode.auto,
@@ -411,11 +463,10 @@ def coref(
     """Coreference heads: does the pronoun attend most to its antecedent?"""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis, report
+        from . import analysis
         from .prompts import builtin, load_coref
 
-        if csv is not None:
-            report.check_writable(csv)
+        _check_outputs(force, ("-o", output), ("--csv", csv))
         coref_set = load_coref(
             data if data is not None else builtin(analysis.DEFAULT_COREF_SETS[0]), skip_bad=skip_bad
         )
@@ -425,18 +476,93 @@ def coref(
             result = analysis.coref(
                 loaded, coref_set, batch_size=batch_size, n_resamples=resamples, seed=seed, progress=progress
             )
-        _finish(result, csv, top)
+        _finish(result, "coref", fmt=fmt, output=output, force=force, csv=csv, top=top)
 
 
-def _finish(result, csv: Path | None, top: int) -> None:  # noqa: ANN001
-    """Print the report to stdout, notes to stderr, and write the CSV."""
+def _verification_json(check) -> dict:  # noqa: ANN001
+    import dataclasses
+
+    return {
+        **dataclasses.asdict(check),
+        "topk_effect": check.topk_effect,
+        "random_effect": check.random_effect,
+    }
+
+
+def _check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
+    """Reject unwritable, clashing or (without --force) existing output paths before any work."""
     from . import report
 
-    report.print_report(result, out, top)
+    seen: dict[Path, str] = {}
+    for option, path in pairs:
+        if path is None or str(path) == "-":
+            continue
+        target = report.check_writable(path, option, force).resolve()
+        if target in seen:
+            raise InputError(f"{option} and {seen[target]} both write {path}", hint="give each its own file")
+        seen[target] = option
+
+
+def _emit(
+    fmt: Format,
+    output: str,
+    force: bool,
+    draw: Callable[[Console], None],
+    csv_text: Callable[[], str],
+    json_data: Callable[[], dict],
+) -> None:
+    """Data to stdout (or -o FILE, atomically); messages go to stderr."""
+    from . import report
+
+    if fmt is Format.table:
+        if output == "-":
+            draw(out)
+            return
+        text = report.render_text(draw)
+    elif fmt is Format.csv:
+        text = csv_text()
+    else:
+        text = json.dumps(json_data(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    if output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        path = report.write_atomic(output, text, "-o", force)
+        err.print(f"wrote {fmt.value} to {path}", soft_wrap=True)
+
+
+def _finish(
+    result,  # noqa: ANN001
+    command: str,
+    *,
+    fmt: Format,
+    output: str,
+    force: bool,
+    csv: Path | None,
+    top: int,
+    after: Callable[[Console], None] | None = None,
+    extra_json: dict | None = None,
+) -> None:
+    """Render the report in the chosen format, print notes to stderr, and write the CSV."""
+    from . import report
+
+    def draw(console: Console) -> None:
+        report.print_report(result, console, top)
+        if after is not None:
+            after(console)
+
+    _emit(
+        fmt,
+        output,
+        force,
+        draw,
+        lambda: report.table_csv(result.table),
+        lambda: report.report_json(result, command, **(extra_json or {})),
+    )
     for note in result.notes:
         err.print(f"note: {note}", soft_wrap=True)
     if csv is not None:
-        path = report.write_atomic(csv, report.table_csv(result.table))
+        path = report.write_atomic(csv, report.table_csv(result.table), "--csv", force)
         err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from rich import box
@@ -18,11 +23,11 @@ from .detectors.syntax import RELATION_NAMES
 from .errors import OutputError
 
 
-def check_writable(path: str | Path, option: str = "--csv") -> Path:
+def check_writable(path: str | Path, option: str = "--csv", force: bool = False) -> Path:
     """Fail before the model runs if ``path`` cannot be written.
 
-    Permission bits say little when running as root or on special file systems, so this
-    creates and removes a scratch file in the target folder.
+    An existing file is kept unless ``force`` is set. Permission bits say little when running as
+    root or on special file systems, so this creates and removes a scratch file in the target folder.
     """
     target = Path(path).expanduser()
     if target.is_dir():
@@ -30,6 +35,8 @@ def check_writable(path: str | Path, option: str = "--csv") -> Path:
     parent = target.parent
     if not parent.is_dir():
         raise OutputError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
+    if target.exists() and not force:
+        raise OutputError(f"{option} {path}: file exists", hint="add --force to overwrite it")
     try:
         handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=parent)
         os.close(handle)
@@ -44,21 +51,92 @@ def check_writable(path: str | Path, option: str = "--csv") -> Path:
     return target
 
 
-def write_atomic(path: str | Path, text: str, option: str = "--csv") -> Path:
-    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
-    target = check_writable(path, option)
+@contextlib.contextmanager
+def atomic_path(path: str | Path, option: str = "--csv", force: bool = False) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; rename it onto the target only on success.
+
+    On any exception (Ctrl-C included) the temporary file is removed, so a reader never sees
+    half a file and an interrupted run leaves nothing behind.
+    """
+    target = check_writable(path, option, force)
     handle, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    tmp = Path(tmp_name)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-        os.replace(tmp_name, target)
+        yield tmp
+        os.replace(tmp, target)
     except OSError as exc:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise OutputError(f"{option} {path}: write failed ({exc.strerror})") from exc
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return target
+
+
+def write_atomic(path: str | Path, text: str, option: str = "--csv", force: bool = False) -> Path:
+    """Write text to a temporary file in the same folder, then rename it onto ``path``."""
+    with atomic_path(path, option, force) as tmp:
+        tmp.write_text(text, encoding="utf-8", newline="")
+    return Path(path).expanduser()
+
+
+def render_text(draw: Callable[[Console], None], width: int = 140) -> str:
+    """What ``draw`` prints, as plain text (no colour codes), for writing tables to a file."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
+    draw(console)
+    return buffer.getvalue()
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """DataFrame rows as JSON-ready dicts (NaN becomes null)."""
+    return json.loads(frame.to_json(orient="records", double_precision=10))
+
+
+def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
+    """The machine-readable form of a report: the CSV rows plus what the tables say around them."""
+    from . import __version__
+    from .results import CSV_COLUMNS
+
+    out: dict[str, Any] = {
+        "headscope": __version__,
+        "command": command,
+        "model": report.model,
+        "capture": report.capture_mode,
+        "sections": [
+            {
+                "detector": s.detector,
+                "relation": s.relation,
+                "direction": s.direction,
+                "data": s.data,
+                "description": s.description,
+                "n": s.n,
+                "n_examples": s.n_examples,
+                "baseline": s.baseline,
+                "baseline_kind": s.baseline_kind,
+                "baseline_label": s.baseline_label,
+                **({"extras": s.extras} if s.extras else {}),
+            }
+            for s in report.sections
+        ],
+        "rows": _records(report.table[CSV_COLUMNS]),
+        "notes": list(report.notes),
+    }
+    if report.loss is not None:
+        out["copy_loss"] = {
+            "per_copy": report.loss.per_copy,
+            "tokens_per_copy": report.loss.tokens_per_copy,
+            "first": report.loss.first,
+            "later": report.loss.later,
+        }
+    out.update({key: value for key, value in extra.items() if value is not None})
+    return out
+
+
+def roles_records(report: Report) -> list[dict[str, Any]]:
+    from .roles import ROLES_CSV_COLUMNS, head_roles
+
+    return _records(head_roles(report.table)[ROLES_CSV_COLUMNS])
 
 
 def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
