@@ -522,7 +522,7 @@ def _emit(
     elif fmt is Format.csv:
         text = csv_text()
     else:
-        text = json.dumps(json_data(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        text = json.dumps(report.jsonable(json_data()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     if output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -564,6 +564,177 @@ def _finish(
     if csv is not None:
         path = report.write_atomic(csv, report.table_csv(result.table), "--csv", force)
         err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
+
+
+DEFAULT_SHOW_TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."
+
+
+@app.command()
+def show(
+    model: ModelArg = "smollm2-135m",
+    layer: Annotated[int, typer.Option("--layer", "-l", help="Layer to show (0-based).")] = 0,
+    head: Annotated[
+        str, typer.Option("--head", help="A head (3), a list (0,2,5) or all; several heads give a grid.")
+    ] = "0",
+    text: Annotated[str, typer.Option("--text", help="The text to run.")] = DEFAULT_SHOW_TEXT,
+    words: Annotated[
+        bool, typer.Option("--words", help="Word-level attention (the syntax detector's alignment).")
+    ] = False,
+    word_sep: Annotated[
+        str | None,
+        typer.Option("--word-sep", help="With --words: a character that marks word boundaries in --text."),
+    ] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="Also draw the heatmap into this PNG.")] = None,
+    start: Annotated[int, typer.Option("--start", min=0, help="First token of the window shown.")] = 0,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=2, help="Tokens per axis in the terminal (and PNG).")
+    ] = 40,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    capture: CaptureOpt = CaptureMode.auto,
+    device_map: DeviceMapOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        import pandas as pd
+
+        from . import report, views
+
+        _check_outputs(force, ("-o", output), ("--png", png))
+        if word_sep is not None and not words:
+            raise InputError("--word-sep needs --words")
+        spans = None
+        if words:
+            if word_sep is not None:
+                text, spans = views.split_marked(text, word_sep)
+            else:
+                spans = views.word_spans(text)
+        loaded = _load(model, device, dtype, capture, device_map)
+        _header(loaded)
+        views.check_layer(layer, loaded.layout.n_layers)
+        heads = views.parse_heads(head, loaded.layout.n_heads)
+        view, encoding = views.attention_view(loaded, text, layer, heads)
+        if spans is not None:
+            view = views.to_words(view, text, encoding, spans)
+        total = len(view.labels)
+        if start >= total:
+            raise InputError(f"--start {start} is past the end: the text has {total} {view.unit}s")
+        shown = view.window(start, max_tokens)
+        if len(shown.labels) < total:
+            err.print(
+                f"showing {view.unit}s {start}–{start + len(shown.labels) - 1} of {total}; "
+                "move the window with --start, widen it with --max-tokens",
+                soft_wrap=True,
+            )
+
+        def draw(console: Console) -> None:
+            if len(shown.heads) == 1:
+                console.print(views.heatmap(shown, 0))
+            else:
+                console.print(views.grid(shown, columns=max(60, console.width)))
+
+        def rows() -> list[dict]:
+            return views.view_rows(shown)
+
+        _emit(
+            fmt,
+            output,
+            force,
+            draw,
+            lambda: report.table_csv(pd.DataFrame(rows()), list(rows()[0])),
+            lambda: {
+                "model": loaded.name,
+                "layer": layer,
+                "unit": shown.unit,
+                "labels": shown.labels,
+                "rows": rows(),
+            },
+        )
+        if png is not None:
+            with report.atomic_path(png, "--png", force) as tmp:
+                for warning in views.save_png(shown, tmp):
+                    err.print(f"warning: {warning}", soft_wrap=True)
+            err.print(f"wrote {png}", soft_wrap=True)
+
+
+@app.command()
+def info(
+    model: ModelArg = "smollm2-135m",
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    debug: DebugOpt = False,
+) -> None:
+    """The model's attention layout: layers, query and KV heads, grouping, dimensions, context."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        import pandas as pd
+
+        from . import report, views
+
+        _check_outputs(force, ("-o", output))
+        loaded = _load(model, device, dtype, CaptureMode.auto)
+        data = views.model_info(loaded)
+
+        def csv_text() -> str:
+            flat = {
+                k: (" ".join(",".join(map(str, g)) for g in v) if k == "kv_groups" else v)
+                for k, v in data.items()
+            }
+            return report.table_csv(pd.DataFrame([flat]), list(flat))
+
+        _emit(fmt, output, force, lambda console: report.print_info(data, console), csv_text, lambda: data)
+
+
+@app.command("compare")
+def compare_cmd(
+    a: Annotated[Path, typer.Argument(help="Scan CSV of the first model or checkpoint (A).")],
+    b: Annotated[Path, typer.Argument(help="Scan CSV of the second (B).")],
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Write the joined per-head table (atomic).")
+    ] = None,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Compare two scan CSVs: best heads, score changes of shared heads, roles gained and lost."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from . import report
+        from .compare import JOINED_COLUMNS, compare, read_scan_csv
+
+        _check_outputs(force, ("-o", output), ("--csv", csv))
+        result = compare(read_scan_csv(a), read_scan_csv(b))
+
+        def json_data() -> dict:
+            import dataclasses
+
+            return {
+                "model_a": result.model_a,
+                "model_b": result.model_b,
+                "tables": [dataclasses.asdict(t) for t in result.tables],
+                "rows": report.records(result.joined),
+            }
+
+        _emit(
+            fmt,
+            output,
+            force,
+            lambda console: report.print_comparison(result, console),
+            lambda: report.table_csv(result.joined, JOINED_COLUMNS),
+            json_data,
+        )
+        if csv is not None:
+            path = report.write_atomic(csv, report.table_csv(result.joined, JOINED_COLUMNS), "--csv", force)
+            err.print(f"wrote {len(result.joined)} rows to {path}", soft_wrap=True)
 
 
 @app.command("models")

@@ -64,6 +64,9 @@ def atomic_path(path: str | Path, option: str = "--csv", force: bool = False) ->
     tmp = Path(tmp_name)
     try:
         yield tmp
+        # mkstemp makes the file private (0600); give it the mode a plain open() would have.
+        mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -71,6 +74,12 @@ def atomic_path(path: str | Path, option: str = "--csv", force: bool = False) ->
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_atomic(path: str | Path, text: str, option: str = "--csv", force: bool = False) -> Path:
@@ -88,7 +97,20 @@ def render_text(draw: Callable[[Console], None], width: int = 140) -> str:
     return buffer.getvalue()
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def jsonable(value: Any) -> Any:
+    """NaN and infinities become null; tuples become lists; numpy scalars become numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as JSON-ready dicts (NaN becomes null)."""
     return json.loads(frame.to_json(orient="records", double_precision=10))
 
@@ -119,7 +141,7 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
             }
             for s in report.sections
         ],
-        "rows": _records(report.table[CSV_COLUMNS]),
+        "rows": records(report.table[CSV_COLUMNS]),
         "notes": list(report.notes),
     }
     if report.loss is not None:
@@ -136,7 +158,7 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
 def roles_records(report: Report) -> list[dict[str, Any]]:
     from .roles import ROLES_CSV_COLUMNS, head_roles
 
-    return _records(head_roles(report.table)[ROLES_CSV_COLUMNS])
+    return records(head_roles(report.table)[ROLES_CSV_COLUMNS])
 
 
 def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
@@ -420,3 +442,93 @@ def print_verification(checks: list, console: Console, k: int, mode: str) -> Non
         "loss (nats) measured on: repeated-token detectors, the later copies; sink, the natural text; "
         "syntax, the dependents' tokens; coref, the pronouns' tokens"
     )
+
+
+def print_comparison(result: Any, console: Console, top: int = 0) -> None:
+    """Per table: the best head on each side, how shared heads moved, and roles gained or lost."""
+    console.print(f"[bold]compare[/bold]: A = {result.model_a}, B = {result.model_b}")
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for name, justify in [
+        ("table", "left"),
+        ("best A", "right"),
+        ("best B", "right"),
+        ("shared", "right"),
+        ("mean Δ", "right"),
+        ("r", "right"),
+        ("largest rise", "right"),
+        ("largest fall", "right"),
+        ("roles +/−", "left"),
+    ]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+    def head(entry: tuple[int, int, float] | None, signed: bool = False) -> str:
+        if entry is None:
+            return "–"
+        layer, h, value = entry
+        return f"L{layer}H{h} {value:+.3f}" if signed else f"L{layer}H{h} {value:.3f}"
+
+    for change in result.tables:
+        roles = " ".join(
+            [
+                *(f"+L{layer}H{h}" for layer, h in change.gained),
+                *(f"−L{layer}H{h}" for layer, h in change.lost),
+            ]
+        )
+        table.add_row(
+            change.title,
+            head(change.best_a),
+            head(change.best_b),
+            str(change.n_common),
+            "–" if math.isnan(change.mean_delta) else f"{change.mean_delta:+.3f}",
+            _fmt(change.correlation, 2),
+            head(change.biggest_rise, signed=True),
+            head(change.biggest_fall, signed=True),
+            roles or "·",
+        )
+    console.print(table)
+    gained = sum(len(c.gained) for c in result.tables)
+    lost = sum(len(c.lost) for c in result.tables)
+    console.print(
+        f"Δ = score in B − score in A over heads present in both (same layer and head); r = Pearson "
+        f"correlation of their scores; roles: {gained} head-table roles appeared (+), {lost} disappeared (−)"
+    )
+    if result.only_a or result.only_b:
+        console.print(f"tables only in A: {result.only_a}; only in B: {result.only_b}")
+
+
+def print_info(info: dict[str, Any], console: Console) -> None:
+    """The attention layout of one model."""
+    table = Table(box=box.SIMPLE_HEAD, show_header=False, padding=(0, 1), pad_edge=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    groups = info["kv_groups"]
+    if info["heads_per_kv_group"] == 1:
+        grouping = "one KV head per query head"
+    else:
+        shown = [f"KV{i}: q{g[0]}–q{g[-1]}" for i, g in enumerate(groups)]
+        grouping = ", ".join(shown)
+    context = info["context"]
+    rows = [
+        ("model", info["model"]),
+        ("source", info["source"]),
+        ("architecture", f"{info['architecture']} ({'causal' if info['causal'] else 'bidirectional'})"),
+        ("layers", str(info["layers"])),
+        ("attention", info["attention"]),
+        ("query heads", f"{info['query_heads']} per layer ({info['layers'] * info['query_heads']} in all)"),
+        ("KV heads", f"{info['kv_heads']} per layer, {info['heads_per_kv_group']} query heads each"),
+        ("KV grouping", grouping),
+        ("head dim", str(info["head_dim"])),
+        (
+            "model dim",
+            f"{info['d_model']} (= {info['query_heads']} × {info['head_dim']})"
+            if info["query_heads"] * info["head_dim"] == info["d_model"]
+            else str(info["d_model"]),
+        ),
+        ("context", "–" if context is None else f"{context:,} tokens"),
+        ("parameters", f"{info['parameters']:,}"),
+        ("vocabulary", "–" if info["vocab_size"] is None else f"{info['vocab_size']:,}"),
+        ("attention impl.", f"{info['attn_implementation']} (headscope capture: {info['capture']})"),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)

@@ -1,0 +1,445 @@
+"""Looking at heads: one text's attention maps, terminal heatmaps, PNGs, and the model's layout.
+
+Nothing here needs typer; the CLI's ``show`` and ``info`` commands are thin wrappers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.text import Text
+
+from . import capture
+from .align import AlignmentError, token_word_maps, word_attention
+from .errors import InputError
+from .models import LoadedModel
+
+# ----------------------------------------------------------------------------- the model's layout
+
+
+def model_info(loaded: LoadedModel) -> dict[str, Any]:
+    """The attention layout read from the live config and module tree."""
+    layout = loaded.layout
+    config = loaded.model.config
+    groups = [
+        [head for head in range(layout.n_heads) if layout.kv_group(head) == group]
+        for group in range(layout.n_kv_heads)
+    ]
+    if layout.n_kv_heads == layout.n_heads:
+        kind = "multi-head (MHA)"
+    elif layout.n_kv_heads == 1:
+        kind = "multi-query (MQA)"
+    else:
+        kind = "grouped-query (GQA)"
+    architectures = getattr(config, "architectures", None) or [type(loaded.model).__name__]
+    return {
+        "model": loaded.name,
+        "source": loaded.source,
+        "architecture": architectures[0],
+        "model_type": getattr(config, "model_type", ""),
+        "causal": loaded.is_causal,
+        "layers": layout.n_layers,
+        "query_heads": layout.n_heads,
+        "kv_heads": layout.n_kv_heads,
+        "attention": kind,
+        "heads_per_kv_group": layout.group_size,
+        "kv_groups": groups,
+        "head_dim": layout.head_dim,
+        "d_model": layout.d_model,
+        "context": layout.max_positions,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "capture": loaded.capture_mode,
+        "vocab_size": getattr(config, "vocab_size", None),
+    }
+
+
+# ----------------------------------------------------------------------------- one text's maps
+
+
+@dataclass
+class AttentionView:
+    """One layer's attention on one text: ``weights[head, query, key]`` and labels for both axes."""
+
+    layer: int
+    heads: list[int]
+    weights: torch.Tensor  # [len(heads), T, T] (tokens) or [len(heads), W, W] (words)
+    labels: list[str]
+    unit: str  # "token" or "word"
+
+    def window(self, start: int, size: int) -> AttentionView:
+        stop = min(len(self.labels), start + size)
+        return AttentionView(
+            self.layer,
+            self.heads,
+            self.weights[:, start:stop, start:stop],
+            self.labels[start:stop],
+            self.unit,
+        )
+
+
+def token_label(text: str, offsets: tuple[int, int], token: str, special: bool) -> str:
+    """What a token looks like: its characters in the text, or the special token's name."""
+    start, end = offsets
+    if special or end <= start:
+        return token
+    piece = text[start:end]
+    piece = piece.replace("\n", "⏎").replace("\t", "⇥")
+    stripped = piece.strip(" ")
+    return stripped if stripped else "␣"
+
+
+def parse_heads(spec: str, n_heads: int) -> list[int]:
+    """``--head``: one number, a comma list, or ``all``. Raises InputError naming the range."""
+    spec = spec.strip()
+    if spec.lower() == "all":
+        return list(range(n_heads))
+    heads = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not re.fullmatch(r"-?\d+", part):
+            raise InputError(f"--head {spec!r}: {part!r} is not a head number", hint="e.g. 3, 0,2,5 or all")
+        head = int(part)
+        if not 0 <= head < n_heads:
+            raise InputError(
+                f"--head {head} is out of range: this model has heads 0..{n_heads - 1} per layer"
+            )
+        heads.append(head)
+    if not heads:
+        raise InputError("--head is empty", hint="e.g. 3, 0,2,5 or all")
+    return list(dict.fromkeys(heads))
+
+
+def check_layer(layer: int, n_layers: int) -> None:
+    if not 0 <= layer < n_layers:
+        raise InputError(f"--layer {layer} is out of range: this model has layers 0..{n_layers - 1}")
+
+
+def attention_view(
+    loaded: LoadedModel, text: str, layer: int, heads: Sequence[int]
+) -> tuple[AttentionView, dict]:
+    """Run ``text`` once and keep layer ``layer``'s map for ``heads`` (token level).
+
+    Returns the view and the encoding (ids, offsets, special mask) for word-level views.
+    """
+    check_layer(layer, loaded.layout.n_layers)
+    if not text.strip():
+        raise InputError("--text is empty", hint="give some text to look at")
+    tokenizer = loaded.tokenizer
+    enc = tokenizer(
+        text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
+    )
+    ids = list(enc["input_ids"])
+    special = [bool(s) for s in enc["special_tokens_mask"]]
+    if not any(not s for s in special):
+        raise InputError(f"--text {text!r} tokenizes to no content tokens", hint="give some words")
+    limit = loaded.max_positions
+    if limit is not None and len(ids) > limit:
+        raise InputError(
+            f"--text is {len(ids)} tokens long, beyond this model's context of {limit}",
+            hint="shorten the text",
+        )
+    batch = capture.make_batches([ids], [special], batch_size=1, pad_id=0, is_causal=loaded.is_causal)[0]
+    length = len(ids)
+    full = torch.zeros(loaded.layout.n_heads, length, length)
+
+    def on_layer(index: int, attn: torch.Tensor, _batch: capture.Batch, q_start: int) -> None:
+        if index == layer:
+            rows = attn.shape[2]
+            full[:, q_start : q_start + rows, : attn.shape[3]] = attn[0].cpu()
+
+    capture.run(loaded, [batch], on_layer)
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    labels = [token_label(text, o, t, s) for o, t, s in zip(offsets, tokens, special, strict=True)]
+    view = AttentionView(layer, list(heads), full[list(heads)], labels, "token")
+    return view, {"ids": ids, "offsets": offsets, "special": special}
+
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+
+def _char_kind(ch: str) -> str:
+    if ch.isspace():
+        return "space"
+    if _CJK.match(ch):
+        return "cjk"
+    if ch.isalnum() or unicodedata.category(ch).startswith("M"):
+        return "word"
+    return "other"
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words of ``text``, for ``show --words``.
+
+    A word is a run of letters and digits (with combining marks, and apostrophes between letters);
+    every other visible character stands alone, and so does each CJK character, since Chinese and
+    Japanese put no spaces between words (mark real word boundaries with ``--word-sep``).
+    Combining marks, variation selectors and zero-width joiners stay with the character before.
+    """
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        kind = _char_kind(text[i])
+        if kind == "space":
+            i += 1
+            continue
+        j = i + 1
+        if kind == "word":
+            while j < n and (
+                _char_kind(text[j]) == "word"
+                or (text[j] in "'’" and j + 1 < n and _char_kind(text[j + 1]) == "word")
+            ):
+                j += 1
+        while j < n and (
+            unicodedata.category(text[j]) in {"Mn", "Mc", "Me", "Cf"} or text[j - 1] == "\u200d"
+        ):
+            j += 1
+        spans.append((i, j))
+        i = j
+    return spans
+
+
+def split_marked(text: str, sep: str) -> tuple[str, list[tuple[int, int]]]:
+    """``"我|喜欢|这幅|画"`` → ("我喜欢这幅画", spans of 我, 喜欢, 这幅, 画). Spaces stay in the text."""
+    if not sep:
+        raise InputError("--word-sep is empty", hint="give one character, e.g. '|'")
+    pieces = text.split(sep)
+    plain, spans, at = "", [], 0
+    for piece in pieces:
+        plain += piece
+        stripped_start = len(piece) - len(piece.lstrip())
+        stripped_end = len(piece.rstrip())
+        if stripped_end > stripped_start:
+            spans.append((at + stripped_start, at + stripped_end))
+        at += len(piece)
+    if not spans:
+        raise InputError(f"--text has no words between the {sep!r} separators")
+    return plain, spans
+
+
+def to_words(
+    view: AttentionView, text: str, encoding: dict, spans: Sequence[tuple[int, int]]
+) -> AttentionView:
+    """Token view → word view, with the syntax detector's alignment (to: sum, from: mean)."""
+    try:
+        to_word, from_word = token_word_maps(encoding["offsets"], encoding["special"], spans, len(text))
+    except AlignmentError as exc:
+        raise InputError(f"--words: {exc}", hint="check the word separators") from exc
+    words = word_attention(view.weights[None], to_word[None], from_word[None])[0]
+    labels = [text[s:e] for s, e in spans]
+    return AttentionView(view.layer, view.heads, words, labels, "word")
+
+
+# ----------------------------------------------------------------------------- terminal heatmaps
+
+_SHADES = " ·░▒▓█"
+
+
+def _shade(weight: float) -> tuple[str, Style]:
+    level = 0 if weight < 0.02 else min(len(_SHADES) - 1, 1 + int(weight * (len(_SHADES) - 1)))
+    # Light yellow to dark red, by weight (colour is dropped under NO_COLOR or without a TTY).
+    t = max(0.0, min(1.0, weight))
+    red, green, blue = int(255 - 60 * t), int(245 - 215 * t), int(200 - 170 * t)
+    return _SHADES[level], Style(color=f"rgb({red},{green},{blue})")
+
+
+def _cell_width(label: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in label)
+
+
+def _fit(label: str, width: int) -> str:
+    """Cut ``label`` to ``width`` terminal columns (CJK counts 2), marking a cut with …."""
+    if _cell_width(label) <= width:
+        return label
+    out = ""
+    for ch in label:
+        if _cell_width(out + ch) > width - 1:
+            break
+        out += ch
+    return out + "…"
+
+
+def heatmap(view: AttentionView, head_index: int, title: str | None = None) -> RenderableType:
+    """One head's map: query tokens down the left, key tokens written vertically across the top."""
+    weights = view.weights[head_index]
+    labels = view.labels
+    n = len(labels)
+    row_width = min(14, max(_cell_width(label) for label in labels) + 5)
+    # Column headers: each label vertically, one character per line, two columns per cell.
+    height = min(6, max(len(label) for label in labels))
+    lines: list[Text] = []
+    for depth in range(height):
+        line = Text(" " * row_width)
+        for label in labels:
+            ch = label[depth] if depth < len(label) else ""
+            if depth == height - 1 and len(label) > height:
+                ch = "…"
+            line.append(ch + " " * (2 - _cell_width(ch)) if ch else "  ", style="bold")
+        lines.append(line)
+    for q in range(n):
+        label = _fit(f"{q:>2} {labels[q]}", row_width - 1)
+        line = Text(label + " " * (row_width - _cell_width(label)))
+        for k in range(n):
+            ch, style = _shade(float(weights[q, k]))
+            line.append(ch * 2, style=style)
+        best = int(weights[q].argmax())
+        line.append(f" → {best} {labels[best]} {float(weights[q, best]):.2f}", style="dim")
+        lines.append(line)
+    heading = Text(title or f"layer {view.layer} head {view.heads[head_index]}", style="bold")
+    legend = Text(
+        f"rows: {view.unit} attending (query); columns: {view.unit} attended (key); shade: weight ",
+        style="dim",
+    )
+    for value in (0.1, 0.3, 0.5, 0.7, 0.9):
+        ch, style = _shade(value)
+        legend.append(ch * 2, style=style)
+        legend.append(f"{value:.1f} ", style="dim")
+    return Group(heading, *lines, legend)
+
+
+def grid(view: AttentionView, columns: int = 80) -> RenderableType:
+    """Small panels, one per head, one character per cell, with a shared label legend."""
+    n = len(view.labels)
+    panel_width = n + 2
+    per_row = max(1, columns // (panel_width + 1))
+    blocks: list[RenderableType] = [
+        Text(f"layer {view.layer}: {len(view.heads)} heads, {n} {view.unit}s each way", style="bold")
+    ]
+    for first in range(0, len(view.heads), per_row):
+        chunk = list(range(first, min(len(view.heads), first + per_row)))
+        header = Text()
+        for index in chunk:
+            title = f"H{view.heads[index]}"
+            header.append(title + " " * (panel_width + 1 - len(title)), style="bold")
+        blocks.append(header)
+        for q in range(n):
+            line = Text()
+            for index in chunk:
+                for k in range(n):
+                    ch, style = _shade(float(view.weights[index, q, k]))
+                    line.append(ch, style=style)
+                line.append(" " * 3)
+            blocks.append(line)
+        blocks.append(Text())
+    legend = " ".join(f"{i}:{label}" for i, label in enumerate(view.labels))
+    blocks.append(Text(f"rows = queries, columns = keys, in order: {legend}", style="dim"))
+    return Group(*blocks)
+
+
+def view_rows(view: AttentionView) -> list[dict[str, Any]]:
+    """Long form for CSV/JSON: one row per (head, query, key)."""
+    rows = []
+    for index, head in enumerate(view.heads):
+        for q, q_label in enumerate(view.labels):
+            for k, k_label in enumerate(view.labels):
+                rows.append(
+                    {
+                        "layer": view.layer,
+                        "head": head,
+                        "unit": view.unit,
+                        "query": q,
+                        "query_label": q_label,
+                        "key": k,
+                        "key_label": k_label,
+                        "weight": round(float(view.weights[index, q, k]), 6),
+                    }
+                )
+    return rows
+
+
+# ----------------------------------------------------------------------------- PNG
+
+
+def font_for(labels: Sequence[str]) -> tuple[str | None, list[str]]:
+    """A font file whose glyphs cover every character of ``labels``, else (None, missing chars).
+
+    Looks through the fonts matplotlib knows, DejaVu Sans (its default) first.
+    """
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    needed = {ord(ch) for label in labels for ch in label if not ch.isspace()}
+    default = font_manager.findfont("DejaVu Sans")
+    # Last Resort fonts map every code point to a "missing glyph" box, which would hide the problem.
+    others = {f.fname for f in font_manager.fontManager.ttflist if "lastresort" not in f.fname.lower()}
+    paths = [default, *sorted(others - {default})]
+    best_missing: set[int] | None = None
+    for path in paths:
+        try:
+            charmap = FT2Font(path).get_charmap()
+        except Exception:  # noqa: BLE001 - an unreadable font is skipped
+            continue
+        missing = needed - set(charmap)
+        if not missing:
+            return path, []
+        if best_missing is None or len(missing) < len(best_missing):
+            best_missing = missing
+    return None, sorted(chr(c) for c in (best_missing or needed))
+
+
+def save_png(view: AttentionView, path: Path) -> list[str]:
+    """Draw the heads of ``view`` into ``path`` (one panel per head). Returns warnings."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import font_manager
+    from matplotlib import pyplot as plt
+
+    warnings = []
+    font_path, missing = font_for(view.labels)
+    font = None
+    if font_path is not None:
+        font = font_manager.FontProperties(fname=font_path)
+    else:
+        shown = "".join(missing[:10])
+        warnings.append(
+            f"no installed font has the glyphs {shown!r}; those labels will show as boxes "
+            "(install a CJK font such as fonts-noto-cjk, then delete matplotlib's font cache)"
+        )
+    n_panels = len(view.heads)
+    n = len(view.labels)
+    cols = 1 if n_panels == 1 else min(n_panels, math.ceil(math.sqrt(n_panels)))
+    rows = math.ceil(n_panels / cols)
+    size = max(4.0, min(14.0, 0.28 * n + 1.5)) if n_panels == 1 else max(2.5, min(6.0, 0.12 * n + 1))
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
+    tick_labels = n <= 60
+    image = None
+    for index in range(rows * cols):
+        ax = axes[index // cols][index % cols]
+        if index >= n_panels:
+            ax.axis("off")
+            continue
+        image = ax.imshow(view.weights[index].numpy(), cmap="Reds", vmin=0.0, vmax=1.0)
+        ax.set_title(f"layer {view.layer} head {view.heads[index]}", fontsize=10)
+        if tick_labels:
+            fontsize = 8 if n_panels == 1 else 5
+            ax.set_xticks(range(n))
+            ax.set_yticks(range(n))
+            ax.set_xticklabels(view.labels, rotation=90, fontsize=fontsize, fontproperties=font)
+            ax.set_yticklabels(view.labels, fontsize=fontsize, fontproperties=font)
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        ax.set_xlabel(f"key ({view.unit})", fontsize=8)
+        ax.set_ylabel(f"query ({view.unit})", fontsize=8)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
+    import warnings as warnings_module
+
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("ignore")  # missing-glyph warnings are reported once, above
+        fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return warnings
