@@ -359,6 +359,19 @@ def _prompt_set_report(
     )
 
 
+def check_relations(treebank: Treebank, relations: Sequence[str] | None) -> list[str]:
+    """The relations to score: the asked-for ones (each must occur), or the defaults that occur."""
+    wanted = list(relations) if relations else list(DEFAULT_RELATIONS)
+    present = {w.deprel for s in treebank.sentences for w in s.words if w.head >= 0}
+    missing = [r for r in wanted if r not in present]
+    if relations and missing:
+        raise InputError(
+            f"--relations: {', '.join(missing)} not found in {display_path(treebank.path)}",
+            hint=f"relations there: {', '.join(sorted(present))}",
+        )
+    return [r for r in wanted if r in present]
+
+
 def syntax(
     loaded: LoadedModel,
     treebank: str | Path | Treebank,
@@ -376,15 +389,7 @@ def syntax(
         raise InputError(f"--limit must be at least 1, got {limit}")
     if not isinstance(treebank, Treebank):
         treebank = read_conllu(treebank, skip_bad=skip_bad, limit=limit)
-    wanted = list(relations) if relations else list(DEFAULT_RELATIONS)
-    present = {w.deprel for s in treebank.sentences for w in s.words if w.head >= 0}
-    missing = [r for r in wanted if r not in present]
-    if relations and missing:
-        raise InputError(
-            f"relation(s) {', '.join(missing)} do not occur in {treebank.path}",
-            hint=f"relations there: {', '.join(sorted(present))}",
-        )
-    wanted = [r for r in wanted if r in present]
+    wanted = check_relations(treebank, relations)
     sequences, specials, metas = [], [], []
     too_long = unaligned = 0
     for sentence in treebank.sentences:

@@ -29,8 +29,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# NO_COLOR (https://no-color.org) means plain text: no colours, no bold, no live progress bars.
+# Without a terminal Rich already prints plain text.
+PLAIN = bool(os.environ.get("NO_COLOR"))
+out = Console(highlight=False, color_system=None if PLAIN else "auto")
+err = Console(stderr=True, highlight=False, color_system=None if PLAIN else "auto")
 
 
 class Device(str, Enum):
@@ -150,6 +153,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        disable=PLAIN,
     )
 
     def factory(label: str, total: int) -> Callable[[int], None]:
@@ -163,7 +167,8 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode, device_map: str | None = None):  # noqa: ANN202
     from .models import load
 
-    with err.status(f"loading {model} … (a GGUF is dequantized once, then read from the cache)"):
+    status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
+    with contextlib.nullcontext() if PLAIN else err.status(status):
         return load(
             model, device=device.value, dtype=dtype.value, capture=capture.value, device_map=device_map
         )
@@ -423,6 +428,7 @@ def syntax(
         source = treebank if treebank is not None else builtin(analysis.DEFAULT_TREEBANKS[0])
         parsed = read_conllu(source, skip_bad=skip_bad, limit=limit)
         wanted = [r.strip() for r in relations.split(",") if r.strip()] if relations else None
+        analysis.check_relations(parsed, wanted)  # before spending seconds on loading a model
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         with _progress() as progress:
@@ -608,6 +614,9 @@ def show(
         _check_outputs(force, ("-o", output), ("--png", png))
         if word_sep is not None and not words:
             raise InputError("--word-sep needs --words")
+        if not text.strip():
+            raise InputError("--text is empty", hint="give some text to look at")
+        views.parse_heads(head, None)  # the syntax now, the range once the model is known
         spans = None
         if words:
             if word_sep is not None:

@@ -98,11 +98,14 @@ def token_label(text: str, offsets: tuple[int, int], token: str, special: bool) 
     return stripped if stripped else "␣"
 
 
-def parse_heads(spec: str, n_heads: int) -> list[int]:
-    """``--head``: one number, a comma list, or ``all``. Raises InputError naming the range."""
+def parse_heads(spec: str, n_heads: int | None) -> list[int]:
+    """``--head``: one number, a comma list, or ``all``. Raises InputError naming the range.
+
+    With ``n_heads`` None only the syntax is checked (``all`` gives an empty list).
+    """
     spec = spec.strip()
     if spec.lower() == "all":
-        return list(range(n_heads))
+        return list(range(n_heads or 0))
     heads = []
     for part in spec.split(","):
         part = part.strip()
@@ -111,7 +114,7 @@ def parse_heads(spec: str, n_heads: int) -> list[int]:
         if not re.fullmatch(r"-?\d+", part):
             raise InputError(f"--head {spec!r}: {part!r} is not a head number", hint="e.g. 3, 0,2,5 or all")
         head = int(part)
-        if not 0 <= head < n_heads:
+        if n_heads is not None and not 0 <= head < n_heads:
             raise InputError(
                 f"--head {head} is out of range: this model has heads 0..{n_heads - 1} per layer"
             )
