@@ -1,0 +1,261 @@
+"""The catalogue of bad inputs: each ends in one line naming the problem, exit 2, no traceback.
+
+Every case builds its own broken input in a temporary folder. `--debug` on any of them shows the
+traceback (checked once at the end). Ctrl-C mid-run exits 130 and leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from headscope.cli import app
+from headscope.models import bundled_path
+
+runner = CliRunner()
+TOY = Path(__file__).resolve().parents[1] / "toy" / "model"
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path
+
+
+CONLLU_OK = "1\tthe\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tdog\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
+SCAN_HEADER = "model,detector,relation,direction,layer,head,score\n"
+COREF_TWO = "items:\n- text: Tom saw Ann and he ran\n  pronoun: [16, 18]\n  candidates:\n  - [0, 3]\n  - {second}\n  antecedent: {antecedent}\n"
+
+
+def case_files(d: Path) -> dict[str, tuple[list, str]]:
+    """id -> (arguments, text the error line must contain)."""
+    gguf = bundled_path("smollm2-135m")
+    truncated = d / "truncated.gguf"
+    with gguf.open("rb") as source:
+        truncated.write_bytes(source.read(3_000_000))
+    (d / "notmodel").mkdir()
+    write(d / "notmodel" / "weights.txt", "not a model")
+    write(d / "exists.csv", "keep me\n")
+    return {
+        # files: missing, empty, binary, malformed or truncated, wrong encoding
+        "text-missing": (["scan", TOY, "--text", d / "missing.yaml"], "missing.yaml: file not found"),
+        "text-empty": (["scan", TOY, "--text", write(d / "empty.yaml", "")], "empty.yaml: file is empty"),
+        "text-binary": (["scan", TOY, "--text", write(d / "bin.txt", b"ab\x00\x01")], "binary file"),
+        "yaml-malformed": (
+            ["scan", TOY, "--text", write(d / "bad.yaml", "items:\n  - text: a b\n   - text: c\n")],
+            "bad.yaml:3: malformed YAML",
+        ),
+        "yaml-truncated": (
+            ["scan", TOY, "--text", write(d / "cut.yaml", 'items:\n  - text: "abc\n')],
+            "cut.yaml:3: malformed YAML",
+        ),
+        "jsonl-malformed": (
+            ["scan", TOY, "--text", write(d / "bad.jsonl", '{"text": "a b"}\n{bad\n')],
+            "bad.jsonl:2: malformed JSON",
+        ),
+        "jsonl-truncated": (
+            ["scan", TOY, "--text", write(d / "cut.jsonl", '{"text": "a b"}\n{"text": "c')],
+            "cut.jsonl:2: malformed JSON",
+        ),
+        "text-latin1": (
+            ["scan", TOY, "--text", write(d / "latin1.txt", b"caf\xe9 au lait\n")],
+            "latin1.txt:1: not valid UTF-8",
+        ),
+        "conllu-columns": (
+            ["syntax", TOY, "--treebank", write(d / "cols.conllu", "1\tthe\t_\t_\t_\t_\t2\tdet\n")],
+            "cols.conllu:1: expected 10 tab-separated columns, found 8",
+        ),
+        "conllu-truncated": (
+            ["syntax", TOY, "--treebank", write(d / "cut.conllu", CONLLU_OK + "1\tthe\t_\t_")],
+            "cut.conllu:4: expected 10 tab-separated columns, found 4",
+        ),
+        "conllu-head-out-of-range": (
+            [
+                "syntax",
+                TOY,
+                "--treebank",
+                write(d / "head.conllu", CONLLU_OK.replace("\t2\tdet", "\t7\tdet")),
+            ],
+            "head.conllu:1: HEAD 7 points outside the sentence",
+        ),
+        "conllu-empty": (
+            ["syntax", TOY, "--treebank", write(d / "empty.conllu", "\n\n")],
+            "empty.conllu: file is empty",
+        ),
+        "coref-span-out-of-range": (
+            [
+                "coref",
+                TOY,
+                "--data",
+                write(d / "span.yaml", COREF_TWO.format(second="[8, 99]", antecedent=0)),
+            ],
+            "span.yaml:2: candidate 1 [8, 99) is outside the text",
+        ),
+        "coref-antecedent-out-of-range": (
+            [
+                "coref",
+                TOY,
+                "--data",
+                write(d / "ante.yaml", COREF_TWO.format(second="[8, 11]", antecedent=5)),
+            ],
+            "'antecedent' must be an index into 'candidates' (0..1), got 5",
+        ),
+        "csv-missing-columns": (
+            ["compare", write(d / "cols.csv", "model,layer\nm,0\n"), d / "cols.csv"],
+            "cols.csv:1: missing column(s)",
+        ),
+        "csv-truncated": (
+            ["compare", write(d / "cut.csv", SCAN_HEADER + "m,ind,,,0,0,0.5\nm,ind,,,0"), d / "cut.csv"],
+            "cut.csv:3: 5 fields, the header has 7",
+        ),
+        "csv-empty": (["compare", write(d / "empty.csv", ""), d / "empty.csv"], "empty.csv: empty file"),
+        "csv-latin1": (
+            [
+                "compare",
+                write(d / "latin.csv", SCAN_HEADER.encode() + b"m\xe9,ind,,,0,0,0.5\n"),
+                d / "latin.csv",
+            ],
+            "latin.csv:2: not UTF-8",
+        ),
+        "csv-missing": (["compare", d / "nope.csv", d / "nope.csv"], "nope.csv: no such file"),
+        # text that tokenizes to nothing, or beyond the context
+        "text-nothing": (["show", TOY, "--text", "   "], "--text is empty"),
+        "text-beyond-context": (
+            ["show", TOY, "--text", " ".join(["t1"] * 300)],
+            "beyond this model's context of 128",
+        ),
+        "sequence-beyond-context": (["induction", TOY, "--seq-len", 100], "context of 128"),
+        # layer or head out of range
+        "layer-out-of-range": (
+            ["show", TOY, "--layer", 5],
+            "--layer 5 is out of range: this model has layers 0..1",
+        ),
+        "head-out-of-range": (
+            ["show", TOY, "--head", 4],
+            "--head 4 is out of range: this model has heads 0..3",
+        ),
+        "head-not-a-number": (["show", TOY, "--head", "1,x"], "'x' is not a head number"),
+        # unknown detector or relation
+        "unknown-detector": (["scan", TOY, "--detectors", "previous-token,foo"], "unknown detector foo"),
+        "unknown-relation": (
+            ["syntax", TOY, "--treebank", write(d / "ok.conllu", CONLLU_OK), "--relations", "nsubj"],
+            "--relations: nsubj not found in",
+        ),
+        # models that are not models
+        "model-not-a-model": (["scan", d / "notmodel"], "without config.json"),
+        "model-corrupt-gguf": (["info", write(d / "corrupt.gguf", os.urandom(4096))], "not a GGUF file"),
+        "model-truncated-gguf": (["info", truncated], "cannot read GGUF file"),
+        "model-unknown": (["info", "no-such-model"], "model 'no-such-model' not found"),
+        # output paths
+        "output-unwritable": (
+            ["scan", TOY, "--csv", "/proc/headscope.csv"],
+            "--csv /proc/headscope.csv: cannot write",
+        ),
+        "output-directory": (["induction", TOY, "-o", d], "is a directory"),
+        "output-missing-folder": (["induction", TOY, "--csv", d / "no" / "x.csv"], "does not exist"),
+        "output-exists": (["induction", TOY, "--csv", d / "exists.csv"], "file exists (add --force"),
+        "png-exists": (
+            ["show", TOY, "--text", "t1 t2", "--png", d / "exists.csv"],
+            "exists.csv: file exists",
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return case_files(tmp_path_factory.mktemp("bad"))
+
+
+CASE_IDS = [
+    "text-missing",
+    "text-empty",
+    "text-binary",
+    "yaml-malformed",
+    "yaml-truncated",
+    "jsonl-malformed",
+    "jsonl-truncated",
+    "text-latin1",
+    "conllu-columns",
+    "conllu-truncated",
+    "conllu-head-out-of-range",
+    "conllu-empty",
+    "coref-span-out-of-range",
+    "coref-antecedent-out-of-range",
+    "csv-missing-columns",
+    "csv-truncated",
+    "csv-empty",
+    "csv-latin1",
+    "csv-missing",
+    "text-nothing",
+    "text-beyond-context",
+    "sequence-beyond-context",
+    "layer-out-of-range",
+    "head-out-of-range",
+    "head-not-a-number",
+    "unknown-detector",
+    "unknown-relation",
+    "model-not-a-model",
+    "model-corrupt-gguf",
+    "model-truncated-gguf",
+    "model-unknown",
+    "output-unwritable",
+    "output-directory",
+    "output-missing-folder",
+    "output-exists",
+    "png-exists",
+]
+
+
+def test_catalogue_is_complete(cases):
+    assert sorted(cases) == sorted(CASE_IDS) and len(CASE_IDS) >= 20
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_bad_input_gives_one_clear_line(case, cases, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+    args, needle = cases[case]
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 2, (case, result.exit_code, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert needle in result.stderr.replace("\n", " "), result.stderr
+    if case == "output-exists":
+        assert (Path(args[-1])).read_text() == "keep me\n"  # untouched
+
+
+def test_debug_shows_the_traceback(cases):
+    args, _ = cases["csv-truncated"]
+    result = runner.invoke(app, [*map(str, args), "--debug"], catch_exceptions=False)
+    assert result.exit_code == 2 and "Traceback" in result.stderr
+
+
+def test_ctrl_c_exits_130_and_leaves_no_file(tmp_path):
+    """SIGINT during the forward passes: exit 130, no CSV, no temporary file."""
+    target = tmp_path / "out.csv"
+    code = (
+        "from headscope.cli import main; import sys; "
+        f"sys.argv = ['headscope', 'induction', {str(TOY)!r}, '--seq-len', '30', '--batch', '200000', "
+        f"'--csv', {str(target)!r}, '-o', {str(tmp_path / 'out.json')!r}, '--format', 'json']; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    # Wait until the model is loaded (the header line), then interrupt mid-run.
+    assert proc.stderr is not None
+    header = proc.stderr.readline()
+    assert "layers" in header, header
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -1,0 +1,161 @@
+"""Fuzzing the parsers and the alignment: random input either parses correctly or is rejected
+with a HeadscopeError (a clean one-line error), and never crashes with anything else."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from headscope.align import AlignmentError, encode_with_spans
+from headscope.compare import read_scan_csv
+from headscope.conllu import read_conllu
+from headscope.errors import HeadscopeError
+from headscope.models import bundled_path
+from headscope.prompts import load_coref, load_texts
+from headscope.views import word_spans
+
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# Text with CJK, emoji, combining marks and controls, but no lone surrogates (not encodable).
+ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+HARD_TEXT = st.text(
+    alphabet=st.sampled_from(
+        list("ab c.,'\n\t") + ["我", "喜", "欢", "。", "\u0301", "\u200d", "👩", "🎉", "\ufe0f", "é"]
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def file_with(suffix: str, data: bytes) -> Path:
+    with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as handle:
+        handle.write(data)
+    return Path(handle.name)
+
+
+def parses_or_clean_error(load, path: Path):
+    try:
+        return load(path)
+    except HeadscopeError as exc:
+        assert str(exc).strip() and "\n" not in str(exc).strip().splitlines()[0]
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@FUZZ
+@given(st.sampled_from([".yaml", ".jsonl", ".txt"]), st.binary(max_size=200))
+def test_text_sets_from_random_bytes(suffix, data):
+    loaded = parses_or_clean_error(load_texts, file_with(suffix, data))
+    if loaded is not None:
+        assert loaded.items and all(isinstance(item.text, str) and item.text.strip() for item in loaded.items)
+
+
+@FUZZ
+@given(st.lists(HARD_TEXT | ANY_TEXT, min_size=1, max_size=5), st.sampled_from([".yaml", ".jsonl"]))
+def test_text_sets_round_trip_any_unicode(texts, suffix):
+    """Valid files with arbitrary text give back exactly that text (or a clean error for blank ones)."""
+    items = [{"text": t} for t in texts]
+    if suffix == ".yaml":
+        data = yaml.safe_dump({"items": items}, allow_unicode=True).encode()
+    else:
+        data = "\n".join(json.dumps(i, ensure_ascii=False) for i in items).encode()
+    loaded = parses_or_clean_error(load_texts, file_with(suffix, data))
+    if loaded is not None:
+        assert [item.text for item in loaded.items] == texts
+    else:
+        assert (
+            any(not t.strip() for t in texts)
+            or len(set(texts)) < len(texts)
+            or any("\r" in t or "\x85" in t or "\u2028" in t or "\u2029" in t for t in texts)
+        )
+
+
+SPAN = (
+    st.lists(st.integers(-3, 45), min_size=2, max_size=2)
+    | st.just("x")
+    | st.lists(st.integers(0, 5), max_size=3)
+)
+
+
+@FUZZ
+@given(ANY_TEXT | HARD_TEXT, SPAN, st.lists(SPAN, max_size=4), st.integers(-1, 4))
+def test_coref_sets_with_random_spans(text, pronoun, candidates, antecedent):
+    item = {"text": text, "pronoun": pronoun, "candidates": candidates, "antecedent": antecedent}
+    data = yaml.safe_dump({"items": [item]}, allow_unicode=True).encode()
+    loaded = parses_or_clean_error(load_coref, file_with(".yaml", data))
+    if loaded is not None:
+        (example,) = loaded.items
+        for start, end in [example.pronoun, *example.candidates]:
+            assert 0 <= start < end <= len(example.text)
+        assert 0 <= example.antecedent < len(example.candidates)
+
+
+COLUMN = st.text(alphabet=st.sampled_from(list("ab1_\t-.") + ["我", "é"]), max_size=4)
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-1, 6),
+            COLUMN,
+            st.integers(-2, 7),
+            st.sampled_from(["det", "nsubj", "", "obj:x", "root"]),
+            st.booleans(),
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_conllu_from_random_rows(rows, blank_between):
+    lines = []
+    for word_id, form, head, deprel, mangle in rows:
+        columns = [str(word_id), form, "_", "_", "_", "_", str(head), deprel, "_", "_"]
+        lines.append("\t".join(columns[:7] if mangle else columns))
+        if blank_between and word_id == 0:
+            lines.append("")
+    data = ("\n".join(lines) + "\n\n").encode()
+    loaded = parses_or_clean_error(read_conllu, file_with(".conllu", data))
+    if loaded is not None:
+        for sentence in loaded.sentences:
+            n = len(sentence.words)
+            for word in sentence.words:
+                assert -1 <= word.head < n and word.head != sentence.words.index(word)
+
+
+@FUZZ
+@given(st.binary(max_size=300) | ANY_TEXT.map(str.encode))
+def test_scan_csv_from_random_bytes(data):
+    loaded = parses_or_clean_error(read_scan_csv, file_with(".csv", data))
+    if loaded is not None:
+        assert len(loaded) > 0 and (loaded["layer"] >= 0).all()
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    return AutoTokenizer.from_pretrained(str(bundled_path("minilm-l6")))
+
+
+@FUZZ
+@given(HARD_TEXT | ANY_TEXT)
+def test_show_words_align_or_are_rejected(wordpiece, text):
+    """`show --words` segmentation on any text: spans are inside the text, in order, never empty,
+    and they align to the tokens or raise AlignmentError (never anything else)."""
+    spans = word_spans(text)
+    assert all(0 <= a < b <= len(text) for a, b in spans)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:], strict=False))
+    assert all(text[a:b].strip() for a, b in spans)
+    assume(spans)
+    try:
+        ids, _, to_word, from_word = encode_with_spans(wordpiece, text, spans)
+    except AlignmentError:
+        return
+    assert to_word.shape == from_word.shape == (len(ids), len(spans))
