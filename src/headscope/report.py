@@ -444,7 +444,7 @@ def print_verification(checks: list, console: Console, k: int, mode: str) -> Non
     )
 
 
-def print_comparison(result: Any, console: Console, top: int = 0) -> None:
+def print_comparison(result: Any, console: Console) -> None:
     """Per table: the best head on each side, how shared heads moved, and roles gained or lost."""
     console.print(f"[bold]compare[/bold]: A = {result.model_a}, B = {result.model_b}")
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
@@ -452,14 +452,13 @@ def print_comparison(result: Any, console: Console, top: int = 0) -> None:
         ("table", "left"),
         ("best A", "right"),
         ("best B", "right"),
-        ("shared", "right"),
         ("mean Δ", "right"),
         ("r", "right"),
-        ("largest rise", "right"),
-        ("largest fall", "right"),
-        ("roles +/−", "left"),
+        ("largest Δ", "right"),
+        ("roles", "left"),
     ]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        wrap = name in {"table", "roles"}
+        table.add_column(name, justify=justify, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
 
     def head(entry: tuple[int, int, float] | None, signed: bool = False) -> str:
         if entry is None:
@@ -467,30 +466,41 @@ def print_comparison(result: Any, console: Console, top: int = 0) -> None:
         layer, h, value = entry
         return f"L{layer}H{h} {value:+.3f}" if signed else f"L{layer}H{h} {value:.3f}"
 
+    shared = set()
     for change in result.tables:
+        shared.add(change.n_common)
+        moves = [m for m in (change.biggest_rise, change.biggest_fall) if m is not None]
+        largest = max(moves, key=lambda m: abs(m[2])) if moves else None
         roles = " ".join(
             [
                 *(f"+L{layer}H{h}" for layer, h in change.gained),
                 *(f"−L{layer}H{h}" for layer, h in change.lost),
             ]
         )
+        # Token-level detectors are named by the detector; syntax and coref also by language.
+        if change.detector == "syntax":
+            name = " ".join(p for p in (change.data, change.relation, change.direction) if p)
+        elif change.detector == "coref":
+            name = change.data or "coref"
+        else:
+            name = change.detector.replace("previous-", "prev-").replace("duplicate-", "dup-")
         table.add_row(
-            change.title,
+            name,
             head(change.best_a),
             head(change.best_b),
-            str(change.n_common),
             "–" if math.isnan(change.mean_delta) else f"{change.mean_delta:+.3f}",
             _fmt(change.correlation, 2),
-            head(change.biggest_rise, signed=True),
-            head(change.biggest_fall, signed=True),
+            head(largest, signed=True),
             roles or "·",
         )
     console.print(table)
     gained = sum(len(c.gained) for c in result.tables)
     lost = sum(len(c.lost) for c in result.tables)
+    heads = f"the {shared.pop()} heads" if len(shared) == 1 else "the heads"
     console.print(
-        f"Δ = score in B − score in A over heads present in both (same layer and head); r = Pearson "
-        f"correlation of their scores; roles: {gained} head-table roles appeared (+), {lost} disappeared (−)"
+        f"Δ = score in B − score in A, over {heads} present in both (same layer and head); r = Pearson "
+        f"correlation of their scores; roles: +head = role appeared in B ({gained}), −head = "
+        f"role disappeared ({lost})"
     )
     if result.only_a or result.only_b:
         console.print(f"tables only in A: {result.only_a}; only in B: {result.only_b}")

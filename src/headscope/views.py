@@ -170,7 +170,9 @@ def attention_view(
     return view, {"ids": ids, "offsets": offsets, "special": special}
 
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_CJK = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)  # Han and kana; Korean uses spaces
 
 
 def _char_kind(ch: str) -> str:
