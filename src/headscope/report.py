@@ -525,7 +525,15 @@ def print_info(info: dict[str, Any], console: Console) -> None:
         ("layers", str(info["layers"])),
         ("attention", info["attention"]),
         ("query heads", f"{info['query_heads']} per layer ({info['layers'] * info['query_heads']} in all)"),
-        ("KV heads", f"{info['kv_heads']} per layer, {info['heads_per_kv_group']} query heads each"),
+        (
+            "KV heads",
+            f"{info['kv_heads']} per layer, "
+            + (
+                "one per query head"
+                if info["heads_per_kv_group"] == 1
+                else f"each shared by {info['heads_per_kv_group']} query heads"
+            ),
+        ),
         ("KV grouping", grouping),
         ("head dim", str(info["head_dim"])),
         (
@@ -537,7 +545,7 @@ def print_info(info: dict[str, Any], console: Console) -> None:
         ("context", "–" if context is None else f"{context:,} tokens"),
         ("parameters", f"{info['parameters']:,}"),
         ("vocabulary", "–" if info["vocab_size"] is None else f"{info['vocab_size']:,}"),
-        ("attention impl.", f"{info['attn_implementation']} (headscope capture: {info['capture']})"),
+        ("attention fn", f"{info['attn_implementation']} (headscope capture: {info['capture']})"),
     ]
     for name, value in rows:
         table.add_row(name, str(value))
