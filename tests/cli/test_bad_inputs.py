@@ -31,6 +31,7 @@ def write(path: Path, data: bytes | str) -> Path:
 
 
 CONLLU_OK = "1\tthe\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tdog\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
+ZERO_WIDTH_SET = 'items:\n- text: "\\u200b\\u200b"\n- text: hello world\n'
 SCAN_HEADER = "model,detector,relation,direction,layer,head,score\n"
 COREF_TWO = "items:\n- text: Tom saw Ann and he ran\n  pronoun: [16, 18]\n  candidates:\n  - [0, 3]\n  - {second}\n  antecedent: {antecedent}\n"
 
@@ -128,6 +129,14 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         "csv-missing": (["compare", d / "nope.csv", d / "nope.csv"], "nope.csv: no such file"),
         # text that tokenizes to nothing, or beyond the context
         "text-nothing": (["show", TOY, "--text", "   "], "--text is empty"),
+        "text-tokenizes-to-nothing": (
+            ["show", "minilm-l6", "--text", "\u200b\u200b"],
+            "tokenizes to no content tokens",
+        ),
+        "text-set-item-tokenizes-to-nothing": (
+            ["scan", "minilm-l6", "--detectors", "sink", "--text", write(d / "zw.yaml", ZERO_WIDTH_SET)],
+            "zw.yaml:2: item 'zw-1' tokenizes to nothing",
+        ),
         "text-beyond-context": (
             ["show", TOY, "--text", " ".join(["t1"] * 300)],
             "beyond this model's context of 128",
@@ -195,6 +204,8 @@ CASE_IDS = [
     "csv-latin1",
     "csv-missing",
     "text-nothing",
+    "text-tokenizes-to-nothing",
+    "text-set-item-tokenizes-to-nothing",
     "text-beyond-context",
     "sequence-beyond-context",
     "layer-out-of-range",
