@@ -159,3 +159,41 @@ def test_show_words_align_or_are_rejected(wordpiece, text):
     except AlignmentError:
         return
     assert to_word.shape == from_word.shape == (len(ids), len(spans))
+
+
+def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
+    """Random spans on random text: a clean AlignmentError, or maps that match the offsets."""
+    try:
+        ids, special, to_word, from_word = encode_with_spans(tokenizer, text, spans)
+    except AlignmentError:
+        return
+    offsets = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+    assert to_word.shape == from_word.shape == (len(ids), len(spans))
+    sums = to_word.sum(1)
+    assert all(abs(float(v) - 1) < 1e-5 or float(v) == 0 for v in sums)  # all of a token's mass, or none
+    assert all(abs(float(v) - 1) < 1e-5 for v in from_word.sum(0))  # every span is read from
+    for t, (start, end) in enumerate(offsets):
+        for w, (a, b) in enumerate(spans):
+            overlaps = not special[t] and min(end, b) > max(start, a)
+            assert (float(to_word[t, w]) > 0) == overlaps
+            assert (float(from_word[t, w]) > 0) == overlaps
+
+
+@pytest.mark.slow
+@FUZZ
+@given(HARD_TEXT | ANY_TEXT, st.data())
+def test_byte_level_bpe_alignment_with_random_spans(smollm2, text, data):
+    """SmolLM2's byte-level BPE (CJK split into byte tokens, merges across words) on random text."""
+    assume(text)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6)) + [0, len(text)]))
+    spans = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    check_alignment(smollm2.tokenizer, text, spans)
+
+
+@FUZZ
+@given(HARD_TEXT | ANY_TEXT, st.data())
+def test_wordpiece_alignment_with_random_spans(wordpiece, text, data):
+    assume(text)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6)) + [0, len(text)]))
+    spans = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    check_alignment(wordpiece, text, spans)
