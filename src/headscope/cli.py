@@ -129,7 +129,7 @@ def _handle_errors(debug: bool) -> Iterator[None]:
         err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("interrupted; no output was written")
+        err.print("interrupted: no partial output file was left behind")
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
@@ -655,10 +655,11 @@ def show(
             output,
             force,
             draw,
-            lambda: report.table_csv(pd.DataFrame(rows()), list(rows()[0])),
+            lambda: report.table_csv(pd.DataFrame(rows()), views.VIEW_COLUMNS),
             lambda: {
                 "model": loaded.name,
                 "layer": layer,
+                "heads": shown.heads,
                 "unit": shown.unit,
                 "labels": shown.labels,
                 "rows": rows(),

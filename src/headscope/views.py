@@ -343,6 +343,9 @@ def grid(view: AttentionView, columns: int = 80) -> RenderableType:
     return Group(*blocks)
 
 
+VIEW_COLUMNS = ["layer", "head", "unit", "query", "query_label", "key", "key_label", "weight"]
+
+
 def view_rows(view: AttentionView) -> list[dict[str, Any]]:
     """Long form for CSV/JSON: one row per (head, query, key)."""
     rows = []

@@ -236,3 +236,12 @@ def test_no_color_and_pipes_give_plain_text(toy_dir):
     env.pop("NO_COLOR"), env.pop("FORCE_COLOR"), env.pop("TTY_COMPATIBLE")
     piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert piped.returncode == 0 and "\x1b[" not in piped.stdout + piped.stderr
+
+
+def test_show_csv_is_long_form(toy_dir):
+    result = invoke("show", toy_dir, "--layer", 1, "--head", "0,3", "--text", "t1 t2 t3", "--format", "csv")
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert list(rows[0]) == ["layer", "head", "unit", "query", "query_label", "key", "key_label", "weight"]
+    assert len(rows) == 2 * 3 * 3 and {r["head"] for r in rows} == {"0", "3"}
+    assert rows[1]["query_label"] == "t1" and rows[1]["key_label"] == "t2" and float(rows[1]["weight"]) == 0.0

@@ -161,6 +161,12 @@ def test_show_words_align_or_are_rejected(wordpiece, text):
     assert to_word.shape == from_word.shape == (len(ids), len(spans))
 
 
+def random_spans(text: str, data) -> list[tuple[int, int]]:  # noqa: ANN001
+    """Adjacent spans that tile the text at random cut points (any character may be cut)."""
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6)) + [0, len(text)]))
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
 def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
     """Random spans on random text: a clean AlignmentError, or maps that match the offsets."""
     try:
@@ -185,15 +191,11 @@ def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
 def test_byte_level_bpe_alignment_with_random_spans(smollm2, text, data):
     """SmolLM2's byte-level BPE (CJK split into byte tokens, merges across words) on random text."""
     assume(text)
-    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6)) + [0, len(text)]))
-    spans = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-    check_alignment(smollm2.tokenizer, text, spans)
+    check_alignment(smollm2.tokenizer, text, random_spans(text, data))
 
 
 @FUZZ
 @given(HARD_TEXT | ANY_TEXT, st.data())
 def test_wordpiece_alignment_with_random_spans(wordpiece, text, data):
     assume(text)
-    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6)) + [0, len(text)]))
-    spans = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-    check_alignment(wordpiece, text, spans)
+    check_alignment(wordpiece, text, random_spans(text, data))
