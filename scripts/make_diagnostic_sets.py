@@ -290,6 +290,15 @@ def span_of(text: str, needle: str, start: int = 0) -> list[int]:
     return [i, i + len(needle)]
 
 
+def spans_in_order(text: str, needles: list[str]) -> list[list[int]]:
+    """Spans of ``needles`` found one after another, left to right."""
+    spans, start = [], 0
+    for needle in needles:
+        spans.append(span_of(text, needle, start))
+        start = spans[-1][1]
+    return spans
+
+
 def english_coref(rng: random.Random, n: int) -> list[dict]:
     items: list[dict] = []
     seen = set()
@@ -321,10 +330,7 @@ def english_coref(rng: random.Random, n: int) -> list[dict]:
             names = [other, *same]
             rng.shuffle(names)  # the one who matches the pronoun can stand anywhere
             text = f"{names[0]} told {names[1]} and {names[2]} that {pronoun_word} would bring the food."
-            cands, start = [], 0
-            for name in names:
-                cands.append(span_of(text, name, start))
-                start = cands[-1][1]
+            cands = spans_in_order(text, names)
             antecedent = names.index(other)
             pronoun = span_of(text, f" {pronoun_word} ")
             pronoun = [pronoun[0] + 1, pronoun[1] - 1]
@@ -383,10 +389,7 @@ def chinese_coref(rng: random.Random, n: int) -> list[dict]:
             names = [other, *same]
             rng.shuffle(names)
             text = f"{names[0]}告诉{names[1]}和{names[2]}，{pron}明天会带午饭来。"
-            cands, start = [], 0
-            for name in names:
-                cands.append(span_of(text, name, start))
-                start = cands[-1][1]
+            cands = spans_in_order(text, names)
             antecedent = names.index(other)
             pronoun = span_of(text, pron, cands[2][1])
         else:  # 那 + classifier picks the noun it agrees with (那幅 = 风景画)

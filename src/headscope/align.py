@@ -63,16 +63,22 @@ def token_word_maps(
     return to_word, from_word
 
 
-def encode_with_spans(
-    tokenizer: object, text: str, spans: Sequence[Span]
-) -> tuple[list[int], list[bool], torch.Tensor, torch.Tensor]:
-    """Tokenize ``text`` and align ``spans``: ids, special mask, to_word, from_word."""
+def encode_with_offsets(tokenizer: object, text: str) -> tuple[list[int], list[bool], list[Span]]:
+    """Tokenize ``text`` with the tokenizer's special tokens: ids, special mask, character offsets."""
     enc = tokenizer(  # type: ignore[operator]
         text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
     )
     ids = list(enc["input_ids"])
     special = [bool(s) for s in enc["special_tokens_mask"]]
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    return ids, special, offsets
+
+
+def encode_with_spans(
+    tokenizer: object, text: str, spans: Sequence[Span]
+) -> tuple[list[int], list[bool], torch.Tensor, torch.Tensor]:
+    """Tokenize ``text`` and align ``spans``: ids, special mask, to_word, from_word."""
+    ids, special, offsets = encode_with_offsets(tokenizer, text)
     to_word, from_word = token_word_maps(offsets, special, spans, len(text))
     return ids, special, to_word, from_word
 

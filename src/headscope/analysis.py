@@ -172,7 +172,8 @@ def _batches(
     )
 
 
-def _check_context(loaded: LoadedModel, length: int, what: str) -> None:
+def check_context(loaded: LoadedModel, length: int, what: str) -> None:
+    """Reject an input of ``length`` tokens that does not fit the model's context."""
     limit = loaded.max_positions
     if limit is not None and length > limit:
         raise InputError(f"{what} is {length} tokens, longer than the model's context of {limit} tokens")
@@ -188,7 +189,7 @@ def encode_texts(loaded: LoadedModel, prompt_set: PromptSet) -> tuple[list[list[
         special = [bool(s) for s in enc["special_tokens_mask"]]
         if not ids or all(special):
             raise InputError(f"{item.source}: item '{item.id}' tokenizes to nothing")
-        _check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
+        check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
         sequences.append(ids)
         specials.append(special)
     return sequences, specials
@@ -228,7 +229,7 @@ def repeated_tokens(loaded: LoadedModel, spec: RepeatSpec) -> tuple[list[list[in
         elif spec.bos:
             raise InputError("--bos was asked for, but the tokenizer defines no BOS/CLS token")
     total = len(prefix) + spec.seq_len * spec.repeats + len(suffix)
-    _check_context(
+    check_context(
         loaded, total, f"--seq-len {spec.seq_len} x --repeat-seq {spec.repeats} (with special tokens)"
     )
     sequences, specials = [], []
@@ -303,16 +304,14 @@ def scan(
             loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
         )
 
-    if _detectors_for("treebank", detector_names):
-        for name in DEFAULT_TREEBANKS:
-            part = syntax(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
-            results += part.results
-            descriptions.update({s.data: s.description for s in part.sections})
-            notes += part.notes
-            inputs.update(part.inputs)
-    if _detectors_for("coref", detector_names):
-        for name in DEFAULT_COREF_SETS:
-            part = coref(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
+    for source, names, score_set in (
+        ("treebank", DEFAULT_TREEBANKS, syntax),
+        ("coref", DEFAULT_COREF_SETS, coref),
+    ):
+        if not _detectors_for(source, detector_names):
+            continue
+        for name in names:
+            part = score_set(loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress)
             results += part.results
             descriptions.update({s.data: s.description for s in part.sections})
             notes += part.notes
@@ -476,7 +475,7 @@ def coref(
             )
         except AlignmentError as exc:
             raise InputError(f"{item.source}: {exc}") from exc
-        _check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
+        check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
         sequences.append(ids)
         specials.append(special)
         metas.append(

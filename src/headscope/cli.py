@@ -278,7 +278,7 @@ def scan(
             csv=csv,
             top=top,
             after=after,
-            extra_json={
+            extra_json=lambda: {
                 "roles": report.roles_records(result),
                 "role_rule": rule.describe(),
                 "verification": None if checks is None else [_verification_json(c) for c in checks],
@@ -375,7 +375,7 @@ def induction(
             csv=csv,
             top=top,
             after=after,
-            extra_json={"ablation": None if effect is None else effect.to_json()},
+            extra_json=lambda: {"ablation": None if effect is None else effect.to_json()},
         )
         if effect is not None and json_out is not None:
             text = json.dumps(effect.to_json(), indent=2) + "\n"
@@ -547,9 +547,13 @@ def _finish(
     csv: Path | None,
     top: int,
     after: Callable[[Console], None] | None = None,
-    extra_json: dict | None = None,
+    extra_json: Callable[[], dict] | None = None,
 ) -> None:
-    """Render the report in the chosen format, print notes to stderr, and write the CSV."""
+    """Render the report in the chosen format, print notes to stderr, and write the CSV.
+
+    ``extra_json`` is called only for ``--format json``: the role table and the like are built
+    only when they are written.
+    """
     from . import report
 
     def draw(console: Console) -> None:
@@ -563,7 +567,7 @@ def _finish(
         force,
         draw,
         lambda: report.table_csv(result.table),
-        lambda: report.report_json(result, command, **(extra_json or {})),
+        lambda: report.report_json(result, command, **(extra_json() if extra_json else {})),
     )
     for note in result.notes:
         err.print(f"note: {note}", soft_wrap=True)
@@ -614,8 +618,7 @@ def show(
         _check_outputs(force, ("-o", output), ("--png", png))
         if word_sep is not None and not words:
             raise InputError("--word-sep needs --words")
-        if not text.strip():
-            raise InputError("--text is empty", hint="give some text to look at")
+        views.check_text(text)  # cheap checks before spending seconds on loading a model
         views.parse_heads(head, None)  # the syntax now, the range once the model is known
         spans = None
         if words:
@@ -625,7 +628,6 @@ def show(
                 spans = views.word_spans(text)
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
-        views.check_layer(layer, loaded.layout.n_layers)
         heads = views.parse_heads(head, loaded.layout.n_heads)
         view, encoding = views.attention_view(loaded, text, layer, heads)
         if spans is not None:

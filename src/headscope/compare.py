@@ -186,11 +186,11 @@ class Comparison:
     only_b: int
 
 
-def _best(frame: pd.DataFrame) -> tuple[int, int, float] | None:
+def _best(frame: pd.DataFrame, column: str) -> tuple[int, int, float] | None:
     if frame.empty:
         return None
-    row = frame.loc[frame["score"].idxmax()]
-    return int(row["layer"]), int(row["head"]), float(row["score"])
+    row = frame.loc[frame[column].idxmax()]
+    return int(row["layer"]), int(row["head"]), float(row[column])
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
@@ -224,8 +224,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
         tables.append(
             TableChange(
                 *key,
-                best_a=_best(in_a.rename(columns={"score_a": "score"})),
-                best_b=_best(in_b.rename(columns={"score_b": "score"})),
+                best_a=_best(in_a, "score_a"),
+                best_b=_best(in_b, "score_b"),
                 n_common=len(both),
                 mean_delta=float(both["delta"].mean()) if len(both) else math.nan,
                 correlation=correlation,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -115,6 +116,15 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return json.loads(frame.to_json(orient="records", double_precision=10))
 
 
+def _section_json(section: Section) -> dict[str, Any]:
+    """A section's fields without its one-line summary; extras only where there are any."""
+    fields = dataclasses.asdict(section)
+    del fields["summary"]
+    if not fields["extras"]:
+        del fields["extras"]
+    return fields
+
+
 def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report: the CSV rows plus what the tables say around them."""
     from . import __version__
@@ -125,22 +135,7 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
         "command": command,
         "model": report.model,
         "capture": report.capture_mode,
-        "sections": [
-            {
-                "detector": s.detector,
-                "relation": s.relation,
-                "direction": s.direction,
-                "data": s.data,
-                "description": s.description,
-                "n": s.n,
-                "n_examples": s.n_examples,
-                "baseline": s.baseline,
-                "baseline_kind": s.baseline_kind,
-                "baseline_label": s.baseline_label,
-                **({"extras": s.extras} if s.extras else {}),
-            }
-            for s in report.sections
-        ],
+        "sections": [_section_json(s) for s in report.sections],
         "rows": records(report.table[CSV_COLUMNS]),
         "notes": list(report.notes),
     }

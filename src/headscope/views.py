@@ -19,7 +19,8 @@ from rich.style import Style
 from rich.text import Text
 
 from . import capture
-from .align import AlignmentError, token_word_maps, word_attention
+from .align import AlignmentError, encode_with_offsets, token_word_maps, word_attention
+from .analysis import check_context
 from .errors import InputError
 from .models import LoadedModel
 
@@ -124,6 +125,11 @@ def parse_heads(spec: str, n_heads: int | None) -> list[int]:
     return list(dict.fromkeys(heads))
 
 
+def check_text(text: str) -> None:
+    if not text.strip():
+        raise InputError("--text is empty", hint="give some text to look at")
+
+
 def check_layer(layer: int, n_layers: int) -> None:
     if not 0 <= layer < n_layers:
         raise InputError(f"--layer {layer} is out of range: this model has layers 0..{n_layers - 1}")
@@ -137,36 +143,25 @@ def attention_view(
     Returns the view and the encoding (ids, offsets, special mask) for word-level views.
     """
     check_layer(layer, loaded.layout.n_layers)
-    if not text.strip():
-        raise InputError("--text is empty", hint="give some text to look at")
-    tokenizer = loaded.tokenizer
-    enc = tokenizer(
-        text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
-    )
-    ids = list(enc["input_ids"])
-    special = [bool(s) for s in enc["special_tokens_mask"]]
-    if not any(not s for s in special):
+    check_text(text)
+    ids, special, offsets = encode_with_offsets(loaded.tokenizer, text)
+    if all(special):
         raise InputError(f"--text {text!r} tokenizes to no content tokens", hint="give some words")
-    limit = loaded.max_positions
-    if limit is not None and len(ids) > limit:
-        raise InputError(
-            f"--text is {len(ids)} tokens long, beyond this model's context of {limit}",
-            hint="shorten the text",
-        )
+    check_context(loaded, len(ids), "--text")
     batch = capture.make_batches([ids], [special], batch_size=1, pad_id=0, is_causal=loaded.is_causal)[0]
     length = len(ids)
-    full = torch.zeros(loaded.layout.n_heads, length, length)
+    chosen = list(heads)
+    weights = torch.zeros(len(chosen), length, length)  # keys a chunk does not see stay 0
 
     def on_layer(index: int, attn: torch.Tensor, _batch: capture.Batch, q_start: int) -> None:
         if index == layer:
             rows = attn.shape[2]
-            full[:, q_start : q_start + rows, : attn.shape[3]] = attn[0].cpu()
+            weights[:, q_start : q_start + rows, : attn.shape[3]] = attn[0, chosen].cpu()
 
     capture.run(loaded, [batch], on_layer)
-    tokens = tokenizer.convert_ids_to_tokens(ids)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    tokens = loaded.tokenizer.convert_ids_to_tokens(ids)
     labels = [token_label(text, o, t, s) for o, t, s in zip(offsets, tokens, special, strict=True)]
-    view = AttentionView(layer, list(heads), full[list(heads)], labels, "token")
+    view = AttentionView(layer, chosen, weights, labels, "token")
     return view, {"ids": ids, "offsets": offsets, "special": special}
 
 

@@ -139,7 +139,7 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         ),
         "text-beyond-context": (
             ["show", TOY, "--text", " ".join(["t1"] * 300)],
-            "beyond this model's context of 128",
+            "--text is 300 tokens, longer than the model's context of 128 tokens",
         ),
         "sequence-beyond-context": (["induction", TOY, "--seq-len", 100], "context of 128"),
         # layer or head out of range
