@@ -61,15 +61,22 @@ def test_text_sets_from_random_bytes(suffix, data):
 @FUZZ
 @given(st.lists(HARD_TEXT | ANY_TEXT, min_size=1, max_size=5), st.sampled_from([".yaml", ".jsonl"]))
 def test_text_sets_round_trip_any_unicode(texts, suffix):
-    """Valid files with arbitrary text give back exactly that text (or a clean error for blank ones)."""
+    """Valid files with arbitrary text give back exactly that text (or a clean error for blank ones).
+
+    "Exactly" means as the format reads it: YAML treats NEL, LS and PS as line breaks and folds
+    them inside a scalar, so PyYAML itself does not read back '0\x85' as dumped; the expected texts
+    are what a plain ``yaml.safe_load`` of the same file gives.
+    """
     items = [{"text": t} for t in texts]
     if suffix == ".yaml":
         data = yaml.safe_dump({"items": items}, allow_unicode=True).encode()
+        expected = [item["text"] for item in yaml.safe_load(data)["items"]]
     else:
         data = "\n".join(json.dumps(i, ensure_ascii=False) for i in items).encode()
+        expected = texts
     loaded = parses_or_clean_error(load_texts, file_with(suffix, data))
     if loaded is not None:
-        assert [item.text for item in loaded.items] == texts
+        assert [item.text for item in loaded.items] == expected
     else:
         assert (
             any(not t.strip() for t in texts)
