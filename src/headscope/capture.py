@@ -241,7 +241,7 @@ def streaming_attention(
     key_t = key.transpose(2, 3)
     output = torch.empty(batch, heads, length, value.shape[-1], dtype=value.dtype, device=value.device)
     sink = _ACTIVE_SINK.get()
-    layer = sink.begin(module) if sink is not None else None
+    layer = sink.begin(module) if sink is not None else -1  # a layer index exactly when a sink listens
     for start in range(0, length, chunk):
         stop = min(length, start + chunk)
         rows = None
@@ -258,11 +258,11 @@ def streaming_attention(
                 scores.add_(rows[..., :limit])
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         del scores
-        if sink is not None and layer is not None:
+        if sink is not None:
             sink.deliver(layer, weights, start)
         output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, :limit])
         del weights
-    if sink is not None and layer is not None:
+    if sink is not None:
         sink.end(layer)
         if sink.ablation is not None:
             output = sink.ablation.apply(layer, output, sink.batch)
