@@ -18,8 +18,9 @@ from .detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
 from .errors import InputError
 from .models import LoadedModel
 from .prompts import CorefSet, PromptSet, builtin, display_path, load_coref, load_texts
-from .results import head_table
+from .results import head_table, uncertainty_notes
 from .roles import RoleRule, assign_roles
+from .stats import check_resamples
 
 # progress(label, total) returns advance(n); the CLI draws a bar with it, tests pass None.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -66,6 +67,8 @@ class Section:
     baseline_kind: str
     baseline_label: str = ""
     extras: dict[str, float] = field(default_factory=dict)
+    # (lowest, highest) baseline over layers; they differ where layers' masks differ (sliding windows).
+    baseline_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -115,6 +118,7 @@ def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -
             r.baseline_kind,
             r.baseline_label,
             dict(r.extras),
+            r.baseline_range(),
         )
         for r in results
     ]
@@ -273,6 +277,7 @@ def scan(
     """
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
     repeat = repeat or RepeatSpec(seed=seed)
     if not isinstance(text_set, PromptSet):
         text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
@@ -325,7 +330,7 @@ def scan(
         table,
         _sections(results, descriptions),
         loaded.capture_mode,
-        notes=notes,
+        notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
         inputs=inputs,
         repeat=repeat_info,
@@ -352,7 +357,7 @@ def _prompt_set_report(
         table,
         _sections(results, {data_name: description}),
         loaded.capture_mode,
-        notes=notes,
+        notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
         inputs={data_name: batches},
     )
@@ -386,6 +391,7 @@ def syntax(
     """Score every head on every (relation, direction) of a CoNLL-U treebank."""
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}")
+    check_resamples(n_resamples)
     if not isinstance(treebank, Treebank):
         treebank = read_conllu(treebank, skip_bad=skip_bad, limit=limit)
     wanted = check_relations(treebank, relations)
@@ -455,6 +461,7 @@ def coref(
     progress: ProgressFactory | None = None,
 ) -> Report:
     """Score every head on pronoun → antecedent selection."""
+    check_resamples(n_resamples)
     coref_set = data if isinstance(data, CorefSet) else load_coref(data, skip_bad=skip_bad)
     sequences, specials, metas = [], [], []
     cataphora = too_few = 0
@@ -553,6 +560,7 @@ def induction(
     spec.validate()
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
     sequences, specials, offset = repeated_tokens(loaded, spec)
     batches = _batches(loaded, sequences, specials, batch_size)
     chosen = detectors.create(["induction", "duplicate-token"])
@@ -574,7 +582,7 @@ def induction(
         _sections(results, {"repeated-tokens": _repeat_description(spec)}),
         loaded.capture_mode,
         loss=meter.result() if meter else None,
-        notes=notes,
+        notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
         inputs={"repeated-tokens": batches},
         repeat=(spec, offset),

@@ -45,20 +45,57 @@ class Batch:
     is_causal: bool
     meta: list[dict[str, Any]] = field(default_factory=list)
     _cache: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _chunk: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def content(self) -> torch.Tensor:
         """Positions holding a real, non-special token."""
         return self.attention_mask & ~self.special
 
-    @property
-    def n_visible(self) -> torch.Tensor:
-        """[B, T] how many keys each query may attend to (what uniform attention spreads over)."""
-        if "n_visible" not in self._cache:
-            mask = self.attention_mask.float()
-            visible = mask.cumsum(dim=1) if self.is_causal else mask.sum(dim=1, keepdim=True).expand_as(mask)
-            self._cache["n_visible"] = visible.clamp(min=1.0)
-        return self._cache["n_visible"]
+    def set_chunk(
+        self,
+        q_start: int,
+        stop: int,
+        mask: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,
+    ) -> None:
+        """Record which keys the current layer's mask leaves visible to queries ``q_start..stop-1``.
+
+        The capture calls this before handing a chunk to the detectors: with the chunk of the
+        layer's own mask (``mask``, additive or boolean, ``[B, 1 or H, c, K']``), or, where the
+        mask is not available (eager capture), with ``visible`` ``[B, c, K']`` read off the weights.
+        """
+        self._chunk = {"q_start": q_start, "stop": stop, "mask": mask, "visible": visible}
+
+    def visible(self, q_start: int, stop: int, keys: int) -> torch.Tensor:
+        """[B, c, keys] True where the current layer's mask lets query q see key k.
+
+        Read from the layer's own mask when the capture recorded it for this chunk, so a
+        sliding-window layer past its window, or any other mask, gives the keys it really leaves
+        visible. Without a recorded mask (synthetic maps fed to a detector), the keys are the
+        real (non-pad) tokens, and in a causal model only those up to the query.
+        """
+        chunk = getattr(self, "_chunk", None)
+        if chunk is not None and chunk["q_start"] == q_start and chunk["stop"] == stop:
+            if chunk["visible"] is None:
+                mask = chunk["mask"]
+                if mask is None:
+                    seen = self.attention_mask[:, None, :].expand(-1, stop - q_start, -1)
+                else:
+                    open_ = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+                    seen = open_.any(1) if open_.shape[1] > 1 else open_[:, 0]
+                    seen = seen.expand(self.input_ids.shape[0], stop - q_start, -1)
+                chunk["visible"] = seen
+            return chunk["visible"][..., :keys]
+        seen = self.attention_mask[:, None, :keys].expand(-1, stop - q_start, -1)
+        if self.is_causal:
+            queries = torch.arange(q_start, stop, device=seen.device)[:, None]
+            seen = seen & (torch.arange(keys, device=seen.device)[None, :] <= queries)
+        return seen
+
+    def visible_count(self, q_start: int, stop: int, keys: int) -> torch.Tensor:
+        """[B, c] how many keys each query may attend to (what uniform attention spreads over)."""
+        return self.visible(q_start, stop, keys).sum(-1).to(torch.float32).clamp(min=1.0)
 
     @property
     def earlier_same_token(self) -> torch.Tensor:
@@ -226,6 +263,14 @@ def streaming_attention(
             "this model uses attention sinks (s_aux), which streaming capture does not implement",
             hint="use --capture eager",
         )
+    if attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1:
+        # Without a mask these weights would let every token attend to the future. transformers
+        # builds one through the registered mask function; if it ever does not, stop here.
+        raise RunFailure(
+            f"{type(module).__name__} is causal but its attention got no mask; streaming capture "
+            "will not attend to the future",
+            hint="use --capture eager",
+        )
     n_rep = query.shape[1] // key.shape[1]
     key = _repeat_kv(key, n_rep)
     value = _repeat_kv(value, n_rep)
@@ -259,6 +304,7 @@ def streaming_attention(
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         del scores
         if sink is not None:
+            sink.batch.set_chunk(start, stop, mask=rows[..., :limit] if rows is not None else None)
             sink.deliver(layer, weights, start)
         output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, :limit])
         del weights
@@ -356,6 +402,10 @@ def run(
                 if attentions is None or len(attentions) != n_layers:
                     raise RunFailure("the model returned no attention weights in eager mode")
                 for layer, weights in enumerate(attentions):
+                    # No mask reaches us here: a key is visible when some head gives it weight
+                    # (a masked key gets exactly 0 in every head).
+                    length = weights.shape[2]
+                    on_device.set_chunk(0, length, visible=(weights > 0).any(1))
                     on_layer(layer, weights.float(), on_device, 0)
                     if on_layer_done is not None:
                         on_layer_done(layer, on_device)

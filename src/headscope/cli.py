@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .errors import HeadscopeError, InputError
+from .stats import MIN_RESAMPLES, check_resamples
 
 app = typer.Typer(
     name="headscope",
@@ -87,8 +88,25 @@ RepeatOpt = Annotated[int, typer.Option("--repeat-seq", min=2, help="Copies of e
 NSeqOpt = Annotated[int, typer.Option("--batch", min=1, help="Number of random sequences.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random tokens and bootstrap resampling.")]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per forward pass.")]
+
+
+def _resamples_floor(value: int) -> int:
+    """Checked before the model loads: 1..199 resamples cannot give a 95% interval."""
+    try:
+        check_resamples(value)
+    except HeadscopeError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 ResamplesOpt = Annotated[
-    int, typer.Option("--resamples", min=0, help="Bootstrap resamples for the 95% intervals.")
+    int,
+    typer.Option(
+        "--resamples",
+        callback=_resamples_floor,
+        help=f"Bootstrap resamples for the 95% intervals: at least {MIN_RESAMPLES}, or 0 for no "
+        "intervals and no roles.",
+    ),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")]
 FormatOpt = Annotated[

@@ -168,6 +168,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
+def _fmt_ci(low: float, high: float, sep: str = ", ", brackets: bool = True) -> str:
+    """An interval, or "n/a" where none could be computed (too few examples, or --resamples 0)."""
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (low, high)):
+        return "n/a"
+    text = f"{_fmt(low)}{sep}{_fmt(high)}"
+    return f"[{text}]" if brackets else text
+
+
 def section_title(section: Section) -> str:
     parts = [section.detector]
     if section.relation:
@@ -185,9 +193,13 @@ def section_caption(section: Section) -> str:
             f"first-candidate = {_fmt(section.extras.get('first candidate'))}; "
             "CI: 95% bootstrap over examples"
         )
+    baseline = _fmt(section.baseline)
+    low, high = section.baseline_range or (section.baseline, section.baseline)
+    if low is not None and high is not None and high - low > 5e-4:
+        baseline = f"{_fmt(low)}–{_fmt(high)} by layer (each layer's mask)"
     return (
         f"data: {section.description}; n = {section.n} positions in {section.n_examples} examples; "
-        f"{section.baseline_kind}-attention baseline = {_fmt(section.baseline)}; "
+        f"{section.baseline_kind}-attention baseline = {baseline}; "
         "CI: 95% bootstrap over examples"
     )
 
@@ -225,7 +237,7 @@ def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
             str(section.n),
             f"L{best['layer']} H{best['head']}",
             _fmt(best["score"]),
-            f"{_fmt(best['ci_low'])}–{_fmt(best['ci_high'])}",
+            _fmt_ci(best["ci_low"], best["ci_high"], "–", brackets=False),
             f"{_fmt(section.baseline)} ({section.baseline_label.removeprefix('offset ').replace('first word', 'first')})",
             f"{best['score'] - baseline:+.3f}",
         )
@@ -257,7 +269,7 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
             str(row.head),
             str(row.kv_group),
             _fmt(row.score),
-            f"[{_fmt(row.ci_low)}, {_fmt(row.ci_high)}]",
+            _fmt_ci(row.ci_low, row.ci_high),
             str(row.n),
         )
     return table
@@ -332,7 +344,7 @@ def print_ablation(result: AblationResult, console: Console) -> None:
             name,
             heads,
             _fmt(estimate.mean),
-            f"[{_fmt(estimate.ci[0])}, {_fmt(estimate.ci[1])}]",
+            _fmt_ci(estimate.ci[0], estimate.ci[1]),
             f"{delta:+.3f}",
         )
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from .detectors.base import DetectorResult
 from .models import HeadLayout
-from .stats import bootstrap_ratio
+from .stats import bootstrap_ratio, interval_unavailable_reason
 
 CSV_COLUMNS = [
     "model",
@@ -46,6 +47,12 @@ def head_table(
         scores = result.scores().numpy()
         low, high, se = bootstrap_ratio(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
         layers, heads = layout.n_layers, layout.n_heads
+        by_layer = result.baseline_by_layer()
+        baseline = (
+            np.full(layers * heads, np.nan) if by_layer is None else np.repeat(by_layer.numpy(), heads)
+        )
+        # The strongest "no role" reference: the baseline, or chance where it is higher (coref).
+        role_null = np.fmax(np.nan_to_num(baseline, nan=0.0), max([0.0, *result.extras.values()]))
         rows = {
             "model": model_name,
             "detector": result.detector,
@@ -55,15 +62,14 @@ def head_table(
             "head": [head for _ in range(layers) for head in range(heads)],
             "kv_group": [layout.kv_group(head) for _ in range(layers) for head in range(heads)],
             "score": scores.reshape(-1),
-            "baseline": result.baseline(),
+            "baseline": baseline,
             "ci_low": low.reshape(-1),
             "ci_high": high.reshape(-1),
             "n": result.n,
             "role": "",
             "data": result.data,
             "se": se.reshape(-1),
-            # The strongest "no role" reference: the baseline, or chance where it is higher (coref).
-            "role_null": max([result.baseline() or 0.0, *result.extras.values()]),
+            "role_null": role_null,
         }
         frame = pd.DataFrame(rows)
         frame["rank"] = frame["score"].rank(ascending=False, method="first").astype(int)
@@ -72,3 +78,16 @@ def head_table(
         return pd.DataFrame(columns=[*CSV_COLUMNS, *HIDDEN_COLUMNS])
     # `se` (bootstrap standard error) and `role_null` feed the role test; they are not CSV columns.
     return pd.concat(frames, ignore_index=True)[[*CSV_COLUMNS, *HIDDEN_COLUMNS]]
+
+
+def uncertainty_notes(results: Sequence[DetectorResult], n_resamples: int) -> list[str]:
+    """One line per table whose scores carry no interval (and so no role), saying why."""
+    if n_resamples == 0:
+        return ["--resamples 0: scores without intervals, and so without roles"] if results else []
+    notes = []
+    for result in results:
+        reason = interval_unavailable_reason(result.n_examples, n_resamples)
+        if reason is not None and result.n > 0:
+            name = " · ".join(p for p in (result.detector, result.relation, result.direction) if p)
+            notes.append(f"{result.data}: {name}: {reason}")
+    return notes

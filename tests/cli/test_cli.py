@@ -17,6 +17,9 @@ from headscope.cli import app
 from headscope.results import CSV_COLUMNS
 
 runner = CliRunner()
+# A bound for a hung child, not a pace: a cold interpreter importing torch on two busy cores
+# can take minutes.
+SUBPROCESS_TIMEOUT_S = 600
 
 
 def invoke(*args: str):
@@ -47,7 +50,7 @@ def test_induction_on_toy_writes_csv(toy_dir, tmp_path):
 
 def test_scan_on_toy_with_text_set(toy_dir, toy_texts, tmp_path):
     target = tmp_path / "scan.csv"
-    result = invoke("scan", toy_dir, "--text", toy_texts, "--csv", target, "--top", 2, "--resamples", 50)
+    result = invoke("scan", toy_dir, "--text", toy_texts, "--csv", target, "--top", 2, "--resamples", 200)
     assert result.exit_code == 0, result.stderr
     for detector in ("previous-token", "sink", "duplicate-token", "induction"):
         assert detector in result.stdout
@@ -132,7 +135,7 @@ def test_installed_entry_point_error_path(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -142,7 +145,9 @@ def test_installed_entry_point_error_path(tmp_path):
 
 def test_core_does_not_import_typer():
     code = "import sys, headscope.analysis, headscope.report; print('typer' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
     assert proc.stdout.strip() == "False", proc.stderr
 
 
@@ -219,7 +224,7 @@ def test_scan_verify_on_toy(toy_dir, toy_texts):
         "--verify-k",
         "4",
         "--resamples",
-        50,
+        200,
     )
     assert result.exit_code == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if "L1H0" in line or "L0H1" in line]
@@ -229,3 +234,22 @@ def test_scan_verify_on_toy(toy_dir, toy_texts):
     # the previous-token heads the circuit needs, so it is not a fair control on this model.)
     induction = next(row for row in rows if "L1H0" in row)
     assert float(induction[-2]) > 2.0
+
+
+def test_one_sequence_gives_scores_but_no_intervals_and_no_roles(toy_dir, tmp_path):
+    """`induction --batch 1` used to give every head over the threshold a role with a zero-width CI."""
+    scores_csv = tmp_path / "scores.csv"
+    result = invoke("induction", toy_dir, "--batch", 1, "--seq-len", 20, "--csv", scores_csv)
+    assert result.exit_code == 0, result.stderr
+    assert "n/a" in result.stdout
+    assert "1 example < 5: too few to test" in result.stderr
+    rows = list(csv.DictReader(io.StringIO(scores_csv.read_text())))
+    assert rows and all(r["ci_low"] == "" and r["ci_high"] == "" and r["role"] == "" for r in rows)
+    assert max(float(r["score"]) for r in rows if r["detector"] == "induction") > 0.5  # scores stay
+
+
+def test_resamples_below_the_floor_are_refused_before_loading(toy_dir):
+    result = invoke("induction", toy_dir, "--resamples", 50)
+    assert result.exit_code == 2
+    assert "--resamples" in result.stderr and "at least 200" in result.stderr
+    assert "Traceback" not in result.stderr and "layers" not in result.stderr

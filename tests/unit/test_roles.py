@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from headscope.capture import make_batches
 from headscope.detectors import create
 from headscope.models import HeadLayout
 from headscope.report import table_csv
-from headscope.results import head_table
+from headscope.results import head_table, uncertainty_notes
 from headscope.roles import RoleRule, assign_roles, head_roles
 from headscope.stats import benjamini_hochberg, one_sided_p
 
@@ -110,3 +111,27 @@ def test_sink_is_only_a_fallback_role():
         )
     roles = head_roles(assign_roles(pd.DataFrame(rows)))
     assert roles.role.tolist() == ["ind"] and roles.n_roles.tolist() == [2]
+
+
+@pytest.mark.parametrize("n_sequences", [1, 4])
+def test_too_few_examples_give_no_role_even_to_a_planted_head(n_sequences):
+    """One sequence used to give a zero-width interval, p = 0, and a "significant" role."""
+    table = assign_roles(head_table(planted_previous_token_results(n_sequences), LAYOUT, "s", seed=1))
+    planted = table[(table.layer == 1) & (table["head"] == 0)].iloc[0]
+    assert planted.score > 0.7  # the head is there ...
+    assert np.isnan(planted.ci_low) and np.isnan(planted.ci_high)  # ... but nothing can be tested
+    assert (table.role == "").all()
+    notes = uncertainty_notes(planted_previous_token_results(n_sequences), 1000)
+    assert len(notes) == 1 and "too few to test" in notes[0] and f"{n_sequences} example" in notes[0]
+
+
+def test_no_resamples_means_no_intervals_and_no_roles():
+    results = planted_previous_token_results()
+    table = assign_roles(head_table(results, LAYOUT, "s", n_resamples=0))
+    assert table.ci_low.isna().all() and (table.role == "").all()
+    assert uncertainty_notes(results, 0) == ["--resamples 0: scores without intervals, and so without roles"]
+    # The CSV shows the missing interval as empty cells, never as a point.
+    csv_rows = table_csv(table).splitlines()
+    header = csv_rows[0].split(",")
+    first = dict(zip(header, csv_rows[1].split(","), strict=True))
+    assert first["ci_low"] == "" and first["ci_high"] == ""

@@ -10,9 +10,12 @@ For each (relation, direction) a detector reports, per example ``e`` and head ``
 
 * ``sums[e, l, h]``: the summed per-query quantity (attention mass, or 1 for a correct argmax),
 * ``counts[e]``: how many queries (positions, pairs) example ``e`` contributed,
-* ``baseline_sums[e]``: the same sum for the detector's "no role" reference.
+* ``baseline_sums[e, l]`` (or ``[e]`` when it cannot depend on the layer): the same sum for the
+  detector's "no role" reference. The uniform-attention reference is per layer, because it
+  counts the keys that each layer's mask leaves visible (a sliding-window layer past its window
+  sees fewer keys than a global one).
 
-score = sums.sum(0) / counts.sum() and baseline = baseline_sums.sum() / counts.sum().
+score = sums.sum(0) / counts.sum() and baseline = baseline_sums.sum(0) / counts.sum().
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class DetectorResult:
     direction: str
     sums: torch.Tensor  # [E, L, H] float64
     counts: torch.Tensor  # [E] float64
-    baseline_sums: torch.Tensor  # [E] float64
+    baseline_sums: torch.Tensor  # [E] or [E, L] float64
     baseline_kind: str
     data: str = ""
     baseline_label: str = ""  # e.g. "offset -1" or "first word" for the syntax baseline
@@ -60,9 +63,23 @@ class DetectorResult:
             return torch.zeros(self.sums.shape[1:], dtype=torch.float64)
         return self.sums.sum(0) / total
 
-    def baseline(self) -> float | None:
+    def baseline_by_layer(self) -> torch.Tensor | None:
+        """[L] the reference score of each layer (None when nothing was counted)."""
         total = self.counts.sum()
-        return None if total == 0 else float(self.baseline_sums.sum() / total)
+        if total == 0:
+            return None
+        per_layer = self.baseline_sums.sum(0) / total
+        n_layers = self.sums.shape[1]
+        return per_layer.expand(n_layers).clone() if per_layer.dim() == 0 else per_layer
+
+    def baseline(self) -> float | None:
+        """The reference score; where layers differ (masks of different reach), their mean."""
+        by_layer = self.baseline_by_layer()
+        return None if by_layer is None else float(by_layer.mean())
+
+    def baseline_range(self) -> tuple[float, float] | None:
+        by_layer = self.baseline_by_layer()
+        return None if by_layer is None else (float(by_layer.min()), float(by_layer.max()))
 
 
 class Detector(ABC):
@@ -80,7 +97,7 @@ class Detector(ABC):
         shape = (n_examples, layout.n_layers, layout.n_heads)
         self._sums = torch.zeros(shape, dtype=torch.float64)
         self._counts = torch.zeros(n_examples, dtype=torch.float64)
-        self._baseline = torch.zeros(n_examples, dtype=torch.float64)
+        self._baseline = torch.zeros(n_examples, layout.n_layers, dtype=torch.float64)
         self._counted_layer: int | None = None
 
     def _accumulate(
@@ -91,15 +108,15 @@ class Detector(ABC):
         counts: torch.Tensor,
         baseline: torch.Tensor,
     ) -> None:
-        """Add ``per_row_head[B, H]`` to layer ``layer``; counts and baseline are added once per batch."""
+        """Add ``per_row_head[B, H]`` and ``baseline[B]`` to layer ``layer``; counts once per batch."""
         rows = batch.example_index
         self._sums[rows, layer] += per_row_head.double().cpu()
-        # Counts and baselines do not depend on the layer; add them on the first layer seen.
+        self._baseline[rows, layer] += baseline.double().cpu()
+        # Counts do not depend on the layer; add them on the first layer seen.
         if self._counted_layer is None:
             self._counted_layer = layer
         if layer == self._counted_layer:
             self._counts[rows] += counts.double().cpu()
-            self._baseline[rows] += baseline.double().cpu()
 
     @abstractmethod
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:

@@ -23,12 +23,17 @@ def _pool(
         chunk = target[:, q_start:stop]  # targets are earlier keys, so they lie inside the chunk's K'
         rows, queries, keys = chunk.nonzero(as_tuple=True)
         query_mask = chunk.any(-1)
-        baseline = (chunk.sum(-1).to(torch.float32) / batch.n_visible[:, q_start:stop]).sum(-1)
-        batch._cache[key] = (rows, queries, keys, query_mask.sum(-1), baseline)
-    rows, queries, keys, counts, baseline = batch._cache[key]
+        batch._cache[key] = (rows, queries, keys, query_mask.sum(-1))
+    rows, queries, keys, counts = batch._cache[key]
     mass = attn[rows, :, queries, keys]  # [nnz, H]
     per_head = torch.zeros(attn.shape[0], attn.shape[1], dtype=attn.dtype, device=attn.device)
     per_head.index_add_(0, rows, mass)
+    # Uniform attention puts 1/n on each target the layer's mask leaves visible (a sliding window
+    # can hide an earlier occurrence), n = the visible keys of that query. Per layer: masks differ.
+    n_keys = attn.shape[3]
+    visible = batch.visible(q_start, stop, n_keys)
+    share = visible[rows, queries, keys].to(attn.dtype) / batch.visible_count(q_start, stop, n_keys)[rows, queries]
+    baseline = torch.zeros(attn.shape[0], dtype=attn.dtype, device=attn.device).index_add_(0, rows, share)
     detector._accumulate(layer, batch, per_head, counts, baseline)
 
 

@@ -23,7 +23,12 @@ class PreviousTokenDetector(Detector):
         # Local row j holds query q_start + j; its previous token is key q_start + j - 1.
         to_previous = attn.diagonal(offset=q_start - 1, dim1=2, dim2=3)  # [B, H, stop - first]
         per_head = (to_previous * query_mask[:, None, :]).sum(-1)
-        baseline = (query_mask / batch.n_visible[:, first:stop]).sum(-1)
+        # Uniform attention over the keys this layer's mask leaves visible puts 1/n on i-1 (if visible).
+        keys = attn.shape[3]
+        visible = batch.visible(q_start, stop, keys)
+        local = torch.arange(first - q_start, stop - q_start, device=attn.device)
+        previous_open = visible[:, local, local + q_start - 1].to(attn.dtype)
+        baseline = (query_mask * previous_open / batch.visible_count(q_start, stop, keys)[:, local]).sum(-1)
         self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
 
 
@@ -39,5 +44,7 @@ class SinkDetector(Detector):
             query_mask[:, 0] = False  # position 0 attending to itself says nothing in a causal model
         query_mask = query_mask.to(attn.dtype)
         per_head = (attn[..., 0] * query_mask[:, None, :]).sum(-1)
-        baseline = (query_mask / batch.n_visible[:, q_start:stop]).sum(-1)
+        keys = attn.shape[3]
+        first_open = batch.visible(q_start, stop, keys)[..., 0].to(attn.dtype)  # outside a window: 0
+        baseline = (query_mask * first_open / batch.visible_count(q_start, stop, keys)).sum(-1)
         self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
