@@ -8,7 +8,9 @@ measure the mean next-token loss on the later copies
 * with K random heads from the same layers ablated, over several random draws (the control).
 
 A head is ablated by replacing its output (before the output projection) with zeros or with its
-mean over the batch. Each loss comes with a 95% bootstrap interval over sequences.
+mean at each position over the whole set of sequences, taken in a clean calibration pass first
+(so the result does not depend on ``--batch-size``). Each loss comes with a 95% bootstrap
+interval over sequences.
 """
 
 from __future__ import annotations
@@ -137,7 +139,14 @@ def ablate(
     n = len(sequences)
     rng = random.Random(spec.seed)
     random_heads = [random_control(top_heads, loaded.layout, rng) for _ in range(draws)]
-    advance = progress("ablations", 2 + draws) if progress else None
+    advance = progress("ablations", 2 + draws + (mode == "mean")) if progress else None
+    means = None
+    if mode == "mean":
+        means = capture.head_output_means(
+            loaded, batches, [*top_heads, *(h for d in random_heads for h in d)]
+        )
+        if advance:
+            advance(1)
 
     def measure(ablation: capture.Ablation | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = later_copy_loss(loaded, batches, spec, offset, n, ablation)
@@ -146,8 +155,8 @@ def ablate(
         return out
 
     clean = measure(None)
-    topk = measure(capture.Ablation.of(top_heads, mode))
-    draw_results = [measure(capture.Ablation.of(heads, mode)) for heads in random_heads]
+    topk = measure(capture.Ablation.of(top_heads, mode, means))
+    draw_results = [measure(capture.Ablation.of(heads, mode, means)) for heads in random_heads]
     seed = spec.seed
     pooled_sum = torch.stack([d[0] for d in draw_results]).sum(0)
     pooled_tokens = torch.stack([d[1] for d in draw_results]).sum(0)
@@ -301,16 +310,14 @@ def verify(
     ]
     rng = random.Random(seed)
     advance = progress("verify", len(groups)) if progress else None
-    clean_cache: dict[str, list[torch.Tensor]] = {}
-    out = []
+    # Choose every table's heads and controls first, so that mean ablation can take each source's
+    # set-wide head means in one calibration pass.
+    plans = []
     for section in groups:
         # The token-level roles are judged where they act: in-context copying of repeated tokens.
         source = "repeated-tokens" if section.detector in REPEAT_JUDGED else section.data
         if source not in report.inputs:
             continue
-        batches = report.inputs[source]
-        if source not in clean_cache:
-            clean_cache[source] = _token_losses(loaded, batches, None)
         rows = table[
             (table.data == section.data)
             & (table.detector == section.detector)
@@ -318,15 +325,31 @@ def verify(
             & (table.direction == section.direction)
         ].sort_values("score", ascending=False)
         heads = [(int(r.layer), int(r.head)) for r in rows.head(k).itertuples()]
+        controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
+        plans.append((section, source, rows, heads, controls))
+    means: dict[str, dict[Head, torch.Tensor]] = {}
+    if mode == "mean":
+        for source in dict.fromkeys(plan[1] for plan in plans):
+            wanted = [h for plan in plans if plan[1] == source for h in [*plan[3], *sum(plan[4], [])]]
+            means[source] = capture.head_output_means(loaded, report.inputs[source], wanted)
+    clean_cache: dict[str, list[torch.Tensor]] = {}
+    out = []
+    for section, source, rows, heads, controls in plans:
+        batches = report.inputs[source]
+        if source not in clean_cache:
+            clean_cache[source] = _token_losses(loaded, batches, None)
+        source_means = means.get(source)
         masks, what = _target_masks(batches, section.data, section.detector, section.relation, report.repeat)
         clean, count = _mean_loss(clean_cache[source], masks)
-        topk, _ = _mean_loss(_token_losses(loaded, batches, capture.Ablation.of(heads, mode)), masks)
-        random_losses = []
-        for _ in range(draws):
-            control = random_control(heads, loaded.layout, rng)
-            random_losses.append(
-                _mean_loss(_token_losses(loaded, batches, capture.Ablation.of(control, mode)), masks)[0]
-            )
+        topk, _ = _mean_loss(
+            _token_losses(loaded, batches, capture.Ablation.of(heads, mode, source_means)), masks
+        )
+        random_losses = [
+            _mean_loss(
+                _token_losses(loaded, batches, capture.Ablation.of(control, mode, source_means)), masks
+            )[0]
+            for control in controls
+        ]
         out.append(
             Verification(
                 section.data,

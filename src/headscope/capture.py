@@ -162,25 +162,52 @@ def make_batches(
 
 @dataclass(frozen=True)
 class Ablation:
-    """Heads whose attention output is replaced: by zeros, or by its mean over the batch's real rows.
+    """Heads whose attention output is replaced: by zeros, or by its mean over the whole set.
 
     The replacement acts on each head's output before the output projection, so it removes
-    exactly that head's contribution to the residual stream.
+    exactly that head's contribution to the residual stream. Mean ablation replaces the output
+    at position t by the head's mean output at position t over every sequence of the data set
+    that reaches t, measured in a clean calibration pass (:func:`head_output_means`) before the
+    ablated runs. It therefore does not depend on how the set is cut into batches.
     """
 
     heads: dict[int, tuple[int, ...]]  # layer -> query heads
     mode: str = "zero"  # "zero" or "mean"
+    means: dict[tuple[int, int], torch.Tensor] | None = field(default=None, repr=False)  # [T, D]
 
     def __post_init__(self) -> None:
         if self.mode not in {"zero", "mean"}:
             raise ValueError(f"unknown ablation mode {self.mode!r}")
+        if self.mode == "mean":
+            missing = [
+                (layer, head)
+                for layer, heads in self.heads.items()
+                for head in heads
+                if self.means is None or (layer, head) not in self.means
+            ]
+            if missing:
+                raise ValueError(f"mean ablation needs set-wide means for heads {missing}")
 
     @classmethod
-    def of(cls, pairs: Iterable[tuple[int, int]], mode: str = "zero") -> Ablation:
+    def of(
+        cls,
+        pairs: Iterable[tuple[int, int]],
+        mode: str = "zero",
+        means: dict[tuple[int, int], torch.Tensor] | None = None,
+    ) -> Ablation:
         heads: dict[int, list[int]] = {}
         for layer, head in pairs:
             heads.setdefault(int(layer), []).append(int(head))
-        return cls({layer: tuple(sorted(set(h))) for layer, h in heads.items()}, mode)
+        chosen = {layer: tuple(sorted(set(h))) for layer, h in heads.items()}
+        kept = None
+        if means is not None:
+            kept = {
+                (layer, h): means[(layer, h)]
+                for layer, hs in chosen.items()
+                for h in hs
+                if (layer, h) in means
+            }
+        return cls(chosen, mode, kept)
 
     def apply(self, layer: int, output: torch.Tensor, batch: Batch) -> torch.Tensor:
         """``output`` is [B, H, T, D]; returns it with the ablated heads replaced."""
@@ -188,14 +215,65 @@ class Ablation:
         if not heads:
             return output
         output = output.clone()
-        index = torch.tensor(heads, device=output.device)
         if self.mode == "zero":
-            output[:, index] = 0.0
-        else:
-            rows = batch.attention_mask[:, None, :, None].to(output.dtype)  # [B, 1, T, 1]
-            mean = (output[:, index] * rows).sum(0, keepdim=True) / rows.sum(0, keepdim=True).clamp(min=1)
-            output[:, index] = mean.expand(output.shape[0], -1, -1, -1)
+            output[:, torch.tensor(heads, device=output.device)] = 0.0
+            return output
+        assert self.means is not None  # checked in __post_init__
+        length = output.shape[2]
+        for head in heads:
+            mean = self.means[(layer, head)]
+            if mean.shape[0] < length:
+                raise RunFailure(
+                    f"mean ablation: the calibration pass saw {mean.shape[0]} positions, this batch has {length}"
+                )
+            output[:, head] = mean[:length].to(device=output.device, dtype=output.dtype)
         return output
+
+
+class HeadOutputMeans:
+    """Running per-position sums of chosen heads' outputs over every real row of a data set."""
+
+    def __init__(self, heads: Iterable[tuple[int, int]]) -> None:
+        self.by_layer: dict[int, list[int]] = {}
+        for layer, head in sorted(set(heads)):
+            self.by_layer.setdefault(int(layer), []).append(int(head))
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> [heads, T, D] float64
+        self.counts: dict[int, torch.Tensor] = {}  # layer -> [T]
+
+    def add(self, layer: int, output: torch.Tensor, batch: Batch) -> None:
+        heads = self.by_layer.get(layer)
+        if not heads:
+            return
+        rows = batch.attention_mask.to(torch.float64)  # [B, T]: padding does not count
+        part = torch.einsum("bhtd,bt->htd", output[:, heads].double(), rows).cpu()
+        count = rows.sum(0).cpu()
+        if layer not in self.sums:
+            self.sums[layer], self.counts[layer] = part, count
+            return
+        grown = max(self.sums[layer].shape[1], part.shape[1])
+        self.sums[layer] = _pad_positions(self.sums[layer], grown) + _pad_positions(part, grown)
+        self.counts[layer] = (
+            _pad_positions(self.counts[layer][None, :, None], grown)[0, :, 0]
+            + (_pad_positions(count[None, :, None], grown)[0, :, 0])
+        )
+
+    def result(self) -> dict[tuple[int, int], torch.Tensor]:
+        out = {}
+        for layer, heads in self.by_layer.items():
+            if layer not in self.sums:
+                continue
+            mean = self.sums[layer] / self.counts[layer].clamp(min=1)[None, :, None]
+            for index, head in enumerate(heads):
+                out[(layer, head)] = mean[index].float()
+        return out
+
+
+def _pad_positions(values: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad ``[heads, T, D]`` along T to ``length``."""
+    if values.shape[1] == length:
+        return values
+    pad = torch.zeros(values.shape[0], length - values.shape[1], values.shape[2], dtype=values.dtype)
+    return torch.cat([values, pad], dim=1)
 
 
 class _LayerSink:
@@ -207,11 +285,13 @@ class _LayerSink:
         batch: Batch,
         ablation: Ablation | None = None,
         on_layer_done: LayerDone | None = None,
+        recorder: HeadOutputMeans | None = None,
     ) -> None:
         self.callback = callback
         self.batch = batch
         self.ablation = ablation
         self.on_layer_done = on_layer_done
+        self.recorder = recorder
         self.calls = 0
 
     def begin(self, module: Any) -> int:
@@ -310,6 +390,8 @@ def streaming_attention(
         del weights
     if sink is not None:
         sink.end(layer)
+        if sink.recorder is not None:
+            sink.recorder.add(layer, output, sink.batch)
         if sink.ablation is not None:
             output = sink.ablation.apply(layer, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
@@ -350,8 +432,9 @@ def _sink(
     batch: Batch,
     ablation: Ablation | None = None,
     on_layer_done: LayerDone | None = None,
+    recorder: HeadOutputMeans | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -368,6 +451,7 @@ def run(
     on_logits: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
     ablation: Ablation | None = None,
+    recorder: HeadOutputMeans | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -376,9 +460,9 @@ def run(
     length when the keys after the chunk are all masked (their weight is 0). It must not modify
     ``weights``. ``on_layer_done(layer, batch)`` follows a layer's last chunk.
     The LM head runs only when ``on_logits`` is given. ``ablation`` replaces chosen heads'
-    outputs (streaming capture only).
+    outputs and ``recorder`` accumulates chosen heads' outputs (streaming capture only).
     """
-    if ablation is not None and loaded.capture_mode != "stream":
+    if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     device = loaded.device
     module = loaded.model if on_logits is not None else loaded.base
@@ -389,7 +473,7 @@ def run(
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
             if loaded.capture_mode == "stream":
-                with _sink(on_layer, on_device, ablation, on_layer_done) as sink:
+                with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
                     out = module(**inputs, **extra)
                 if sink.calls != n_layers:
                     raise RunFailure(
@@ -413,3 +497,12 @@ def run(
                 on_logits(out.logits.float(), on_device)
             if on_batch_done is not None:
                 on_batch_done(batch)
+
+
+def head_output_means(
+    loaded: Any, batches: Iterable[Batch], heads: Iterable[tuple[int, int]]
+) -> dict[tuple[int, int], torch.Tensor]:
+    """The calibration pass of mean ablation: each head's mean output at each position, over the set."""
+    recorder = HeadOutputMeans(heads)
+    run(loaded, batches, lambda *_: None, recorder=recorder)
+    return recorder.result()

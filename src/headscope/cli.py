@@ -325,7 +325,10 @@ def induction(
     ] = 0,
     ablation: Annotated[
         AblationMode,
-        typer.Option("--ablation", help="Replace ablated head outputs by zeros or their batch mean."),
+        typer.Option(
+            "--ablation",
+            help="Replace ablated head outputs by zeros, or by their per-position mean over the whole set (one extra calibration pass).",
+        ),
     ] = AblationMode.zero,
     draws: Annotated[int, typer.Option("--draws", min=1, help="Random-control draws for --ablate.")] = 5,
     json_out: Annotated[

@@ -48,9 +48,7 @@ def head_table(
         low, high, se = bootstrap_ratio(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
         layers, heads = layout.n_layers, layout.n_heads
         by_layer = result.baseline_by_layer()
-        baseline = (
-            np.full(layers * heads, np.nan) if by_layer is None else np.repeat(by_layer.numpy(), heads)
-        )
+        baseline = np.full(layers * heads, np.nan) if by_layer is None else np.repeat(by_layer.numpy(), heads)
         # The strongest "no role" reference: the baseline, or chance where it is higher (coref).
         role_null = np.fmax(np.nan_to_num(baseline, nan=0.0), max([0.0, *result.extras.values()]))
         rows = {

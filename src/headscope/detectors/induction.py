@@ -32,7 +32,10 @@ def _pool(
     # can hide an earlier occurrence), n = the visible keys of that query. Per layer: masks differ.
     n_keys = attn.shape[3]
     visible = batch.visible(q_start, stop, n_keys)
-    share = visible[rows, queries, keys].to(attn.dtype) / batch.visible_count(q_start, stop, n_keys)[rows, queries]
+    share = (
+        visible[rows, queries, keys].to(attn.dtype)
+        / batch.visible_count(q_start, stop, n_keys)[rows, queries]
+    )
     baseline = torch.zeros(attn.shape[0], dtype=attn.dtype, device=attn.device).index_add_(0, rows, share)
     detector._accumulate(layer, batch, per_head, counts, baseline)
 
