@@ -83,6 +83,22 @@ def encode_with_spans(
     return ids, special, to_word, from_word
 
 
+def word_tokens(from_word: torch.Tensor, word: int) -> torch.Tensor:
+    """The token positions that overlap span ``word`` (1-D, ascending)."""
+    return (from_word[:, word] > 0).nonzero().flatten()
+
+
+def share_a_token(from_word: torch.Tensor, a: int, b: int) -> bool:
+    """Whether one token covers characters of both spans (their attention cannot be told apart)."""
+    return bool(((from_word[:, a] > 0) & (from_word[:, b] > 0)).any())
+
+
+def precedes(from_word: torch.Tensor, earlier: int, later: int) -> bool:
+    """Whether every token of span ``earlier`` comes before every token of span ``later``: what a
+    causal model must see for ``later``'s tokens to attend to all of ``earlier``."""
+    return int(word_tokens(from_word, earlier).max()) < int(word_tokens(from_word, later).min())
+
+
 def word_attention(attn: torch.Tensor, to_word: torch.Tensor, from_word: torch.Tensor) -> torch.Tensor:
     """``[B, H, T, T]`` token attention → ``[B, H, W, W]`` word attention (padded maps are zero)."""
     to_words = torch.matmul(attn, to_word[:, None].to(attn.dtype))  # [B, H, T, W]

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from . import capture, detectors
-from .align import AlignmentError, encode_with_spans
+from .align import AlignmentError, encode_with_spans, precedes, share_a_token
 from .conllu import Treebank, read_conllu
 from .detectors.base import Detector, DetectorResult
 from .detectors.coref import CorefDetector
@@ -396,7 +396,7 @@ def syntax(
         treebank = read_conllu(treebank, skip_bad=skip_bad, limit=limit)
     wanted = check_relations(treebank, relations)
     sequences, specials, metas = [], [], []
-    too_long = unaligned = 0
+    too_long = unaligned = merged = 0
     for sentence in treebank.sentences:
         arcs = sentence.arcs(set(wanted))
         if not arcs:
@@ -411,6 +411,12 @@ def syntax(
         if loaded.max_positions is not None and len(ids) > loaded.max_positions:
             too_long += 1
             continue
+        # An arc whose two words share a token cannot be told from that token's self-attention.
+        kept = [arc for arc in arcs if not share_a_token(from_word, arc[0], arc[1])]
+        merged += len(arcs) - len(kept)
+        arcs = kept
+        if not arcs:
+            continue
         sequences.append(ids)
         specials.append(special)
         metas.append({"to_word": to_word, "from_word": from_word, "arcs": arcs, "id": sentence.id})
@@ -421,6 +427,11 @@ def syntax(
         notes.append(f"{treebank.name}: skipped {too_long} sentences longer than the model's context")
     if unaligned:
         notes.append(f"{treebank.name}: skipped {unaligned} sentences whose words no token covers")
+    if merged:
+        notes.append(
+            f"{treebank.name}: skipped {merged} arcs whose dependent and head share a token "
+            "(one token covers both words, so its self-attention cannot be told from attention between them)"
+        )
     if not sequences:
         raise InputError(f"{treebank.path}: no sentence has arcs of the chosen relations that can be scored")
     batches = _batches(loaded, sequences, specials, batch_size, metas)
@@ -464,24 +475,28 @@ def coref(
     check_resamples(n_resamples)
     coref_set = data if isinstance(data, CorefSet) else load_coref(data, skip_bad=skip_bad)
     sequences, specials, metas = [], [], []
-    cataphora = too_few = 0
+    cataphora = too_few = merged = 0
     for item in coref_set.items:
-        if loaded.is_causal:
-            visible = [end <= item.pronoun[0] for _, end in item.candidates]
-        else:
-            visible = [True] * len(item.candidates)
-        if not visible[item.antecedent]:
-            cataphora += 1
-            continue
-        if sum(visible) < 2:
-            too_few += 1
-            continue
         try:
             ids, special, to_word, from_word = encode_with_spans(
                 loaded.tokenizer, item.text, [item.pronoun, *item.candidates]
             )
         except AlignmentError as exc:
             raise InputError(f"{item.source}: {exc}") from exc
+        # Decided on tokens, not characters: a candidate is visible to a causal model when all its
+        # tokens come before the pronoun's; a candidate that shares a token with the pronoun would
+        # receive the pronoun's own self-attention, so such an example is left out.
+        candidates = range(1, len(item.candidates) + 1)
+        if any(share_a_token(from_word, 0, c) for c in candidates):
+            merged += 1
+            continue
+        visible = [precedes(from_word, c, 0) or not loaded.is_causal for c in candidates]
+        if not visible[item.antecedent]:
+            cataphora += 1
+            continue
+        if sum(visible) < 2:
+            too_few += 1
+            continue
         check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
         sequences.append(ids)
         specials.append(special)
@@ -504,6 +519,11 @@ def coref(
         )
     if too_few:
         notes.append(f"{data_name}: excluded {too_few} examples with fewer than two visible candidates")
+    if merged:
+        notes.append(
+            f"{data_name}: excluded {merged} examples in which a candidate shares a token with the pronoun "
+            "(it would receive the pronoun's self-attention)"
+        )
     if not sequences:
         raise InputError(f"{coref_set.path}: no example can be scored by this model")
     batches = _batches(loaded, sequences, specials, batch_size, metas)

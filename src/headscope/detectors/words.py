@@ -38,6 +38,13 @@ class WordLevelDetector(Detector):
         to_word, from_word, _ = word_maps(batch)
         stop = q_start + attn.shape[2]
         part = word_attention(attn, to_word[:, : attn.shape[3]], from_word[:, q_start:stop])
+        # A token's attention to itself is self-attention, whatever words it covers: where one
+        # token spans two words (BPE merges 的画), it must not count as attention from one of
+        # them to the other. So self is removed at the token level, before pooling into words.
+        self_weight = attn.diagonal(offset=q_start, dim1=2, dim2=3)  # [B, H, c]
+        rows = from_word[:, q_start:stop].to(attn.dtype)  # [B, c, W]
+        cols = to_word[:, q_start:stop].to(attn.dtype)  # [B, c, W]
+        part -= torch.einsum("bcw,bhc,bcv->bhwv", rows, self_weight, cols)
         words = getattr(self, "_words", None)
         self._words = part if words is None else words.add_(part)
 
