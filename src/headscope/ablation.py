@@ -112,7 +112,7 @@ def later_copy_loss(
     ablation: capture.Ablation | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, n_examples)
-    capture.run(loaded, batches, lambda *_: None, on_logits=meter, ablation=ablation)
+    capture.run(loaded, batches, lambda *_: None, on_token_loss=meter, ablation=ablation)
     return meter.later_sum, meter.later_tokens
 
 
@@ -218,13 +218,11 @@ def _token_losses(
     """Per batch, [B, T] loss of predicting token t (NaN at t = 0)."""
     out: list[torch.Tensor] = []
 
-    def on_logits(logits: torch.Tensor, batch: capture.Batch) -> None:
-        losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].transpose(1, 2), batch.input_ids[:, 1:], reduction="none"
-        ).cpu()
+    def on_token_loss(token_losses: torch.Tensor, batch: capture.Batch) -> None:
+        losses = token_losses.cpu()
         out.append(torch.cat([torch.full((losses.shape[0], 1), float("nan")), losses], dim=1))
 
-    capture.run(loaded, batches, lambda *_: None, on_logits=on_logits, ablation=ablation)
+    capture.run(loaded, batches, lambda *_: None, on_token_loss=on_token_loss, ablation=ablation)
     return out
 
 

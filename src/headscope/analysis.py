@@ -131,7 +131,7 @@ def score_batches(
     n_examples: int,
     data_name: str,
     *,
-    on_logits: Callable[[torch.Tensor, capture.Batch], None] | None = None,
+    on_token_loss: Callable[[torch.Tensor, capture.Batch], None] | None = None,
     progress: ProgressFactory | None = None,
 ) -> list[DetectorResult]:
     """One streamed pass over ``batches``; every layer's attention goes to every detector."""
@@ -152,7 +152,7 @@ def score_batches(
         batches,
         on_layer,
         on_layer_done=on_layer_done,
-        on_logits=on_logits,
+        on_token_loss=on_token_loss,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )
     return [result for detector in chosen for result in detector.results(data_name)]
@@ -533,7 +533,7 @@ def coref(
 
 
 class CopyLossMeter:
-    """Accumulates next-token loss by copy index from the logits of each batch.
+    """Accumulates next-token loss by copy index from each batch's [B, T-1] token losses.
 
     Also keeps, per example, the loss summed over the later copies and its token count, so that
     the later-copy loss can be bootstrapped over sequences.
@@ -546,11 +546,8 @@ class CopyLossMeter:
         self.later_sum = torch.zeros(n_examples, dtype=torch.float64)
         self.later_tokens = torch.zeros(n_examples, dtype=torch.float64)
 
-    def __call__(self, logits: torch.Tensor, batch: capture.Batch) -> None:
-        targets = batch.input_ids[:, 1:]
-        losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].transpose(1, 2), targets, reduction="none"
-        ).cpu()  # [B, T-1]: loss of predicting token t+1
+    def __call__(self, token_losses: torch.Tensor, batch: capture.Batch) -> None:
+        losses = token_losses.cpu()  # [B, T-1]: loss of predicting token t+1
         positions = torch.arange(1, batch.input_ids.shape[1])
         copy_index = (positions - self.offset).div(self.seq_len, rounding_mode="floor")
         in_body = (positions >= self.offset) & (copy_index < self.repeats)
@@ -591,7 +588,7 @@ def induction(
     else:
         notes.append("loss by copy not reported: the model is not a causal language model with an LM head")
     results = score_batches(
-        loaded, batches, chosen, len(sequences), "repeated-tokens", on_logits=meter, progress=progress
+        loaded, batches, chosen, len(sequences), "repeated-tokens", on_token_loss=meter, progress=progress
     )
     table = assign_roles(
         head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=spec.seed)

@@ -448,7 +448,7 @@ def run(
     on_layer: LayerCallback,
     *,
     on_layer_done: LayerDone | None = None,
-    on_logits: Callable[[torch.Tensor, Batch], None] | None = None,
+    on_token_loss: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
     ablation: Ablation | None = None,
     recorder: HeadOutputMeans | None = None,
@@ -459,13 +459,17 @@ def run(
     the queries ``q_start .. q_start + c - 1``, in order; ``K'`` may stop short of the batch's
     length when the keys after the chunk are all masked (their weight is 0). It must not modify
     ``weights``. ``on_layer_done(layer, batch)`` follows a layer's last chunk.
-    The LM head runs only when ``on_logits`` is given. ``ablation`` replaces chosen heads'
+    The LM head runs only when ``on_token_loss`` is given: it receives ``[B, T-1]`` float32 losses
+    of predicting token t+1 at position t, computed from the final hidden states in position
+    chunks (:func:`next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. ``ablation`` replaces chosen heads'
     outputs and ``recorder`` accumulates chosen heads' outputs (streaming capture only).
     """
     if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     device = loaded.device
-    module = loaded.model if on_logits is not None else loaded.base
+    if on_token_loss is not None and not loaded.has_lm_head:
+        raise RunFailure("next-token losses need a language model with an LM head")
+    module = loaded.base
     n_layers = loaded.layout.n_layers
     extra = {"use_cache": False} if loaded.is_causal else {}
     with torch.inference_mode():
@@ -493,8 +497,10 @@ def run(
                     on_layer(layer, weights.float(), on_device, 0)
                     if on_layer_done is not None:
                         on_layer_done(layer, on_device)
-            if on_logits is not None:
-                on_logits(out.logits.float(), on_device)
+            if on_token_loss is not None:
+                on_token_loss(
+                    next_token_losses(loaded, out.last_hidden_state, on_device.input_ids), on_device
+                )
             if on_batch_done is not None:
                 on_batch_done(batch)
 
@@ -506,3 +512,31 @@ def head_output_means(
     recorder = HeadOutputMeans(heads)
     run(loaded, batches, lambda *_: None, recorder=recorder)
     return recorder.result()
+
+
+_LOGIT_CHUNK_ELEMENTS = 1 << 24  # logits per position chunk (64 MB in float32)
+
+
+def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] cross-entropy of token t+1 given positions <= t, from final hidden states [B, T, D].
+
+    The LM head (and Gemma's final logit soft-capping, where the config sets it) runs over a few
+    positions at a time, and only each target's log-probability is kept. This is the model's own
+    head applied to the base model's output, the same computation as ``model(...).logits``.
+    """
+    head = loaded.model.get_output_embeddings()
+    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
+    batch, length, _ = hidden.shape
+    vocab = head.weight.shape[0]
+    chunk = max(1, _LOGIT_CHUNK_ELEMENTS // max(1, batch * vocab))
+    out = torch.empty(batch, max(length - 1, 0), dtype=torch.float32, device=hidden.device)
+    for start in range(0, length - 1, chunk):
+        stop = min(length - 1, start + chunk)
+        logits = head(hidden[:, start:stop]).float()
+        if softcap is not None:
+            logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
+        targets = input_ids[:, start + 1 : stop + 1]
+        picked = logits.gather(-1, targets[..., None])[..., 0]
+        out[:, start:stop] = torch.logsumexp(logits, dim=-1) - picked
+        del logits
+    return out
