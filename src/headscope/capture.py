@@ -373,20 +373,25 @@ def streaming_attention(
         if attention_mask is not None:
             rows = attention_mask if attention_mask.shape[2] == 1 else attention_mask[:, :, start:stop]
         limit = _visible_keys(rows, stop, keys)
-        scores = torch.matmul(scaled[:, :, start:stop], key_t[..., :limit])
+        first = _first_visible_key(rows, limit)
+        scores = torch.matmul(scaled[:, :, start:stop], key_t[..., first:limit])
         if softcap is not None:
             scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
         if rows is not None:
             if rows.dtype == torch.bool:  # True = may attend
-                scores.masked_fill_(~rows[..., :limit], torch.finfo(scores.dtype).min)
+                scores.masked_fill_(~rows[..., first:limit], torch.finfo(scores.dtype).min)
             else:
-                scores.add_(rows[..., :limit])
+                scores.add_(rows[..., first:limit])
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         del scores
+        output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, first:limit])
         if sink is not None:
+            if first > 0:  # detectors index keys from 0: the keys before the window get weight 0
+                full = weights.new_zeros(*weights.shape[:-1], limit)
+                full[..., first:] = weights
+                weights = full
             sink.batch.set_chunk(start, stop, mask=rows[..., :limit] if rows is not None else None)
             sink.deliver(layer, weights, start)
-        output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, :limit])
         del weights
     if sink is not None:
         sink.end(layer)
@@ -395,6 +400,19 @@ def streaming_attention(
         if sink.ablation is not None:
             output = sink.ablation.apply(layer, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _first_visible_key(rows: torch.Tensor | None, limit: int) -> int:
+    """The first key that any query of the chunk can see: a sliding window hides the keys before
+    it from every query of a late chunk, and those are skipped (read from the mask, not assumed)."""
+    if rows is None or rows.shape[2] == 1:
+        return 0
+    head = rows[..., :limit]
+    open_ = head if head.dtype == torch.bool else head > torch.finfo(head.dtype).min / 2
+    seen = open_.flatten(0, 2).any(0)  # [K']: does any row, head or query see key k?
+    if not bool(seen.any()):
+        return 0
+    return int(seen.to(torch.int8).argmax())
 
 
 def _visible_keys(rows: torch.Tensor | None, stop: int, keys: int) -> int:

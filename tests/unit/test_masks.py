@@ -143,3 +143,22 @@ def test_streaming_attention_refuses_a_causal_layer_without_a_mask():
     encoder = torch.nn.Module()
     output, _ = capture.streaming_attention(encoder, query, key, value, None)
     assert output.shape == (1, 5, 2, 4)
+
+
+def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monkeypatch):
+    """40 tokens, window 4, chunks of 5 queries: the local layers skip the keys before the window."""
+    gen = torch.Generator().manual_seed(2)
+    body = [torch.randint(3, 64, (13,), generator=gen).tolist() * 3 for _ in range(2)]
+    rows = [[2, *b] for b in body]
+    data = capture.make_batches(rows, [[True] + [False] * 39] * 2, batch_size=2, pad_id=0, is_causal=True)
+    names = ["previous-token", "sink", "duplicate-token", "induction"]
+    eager = scored(tiny_gemma("eager"), names, data)
+    calls = []
+    original = capture._first_visible_key
+    monkeypatch.setattr(capture, "_first_visible_key", lambda r, k: calls.append(original(r, k)) or calls[-1])
+    monkeypatch.setattr(capture, "_CHUNK_ELEMENTS", 2 * 4 * 40 * 5)
+    stream = scored(tiny_gemma("stream"), names, data)
+    assert max(calls) > 0  # keys before the window really were skipped
+    for name in names:
+        assert torch.allclose(stream[name].scores(), eager[name].scores(), atol=1e-5), name
+        assert torch.allclose(stream[name].baseline_by_layer(), eager[name].baseline_by_layer(), atol=1e-6)
