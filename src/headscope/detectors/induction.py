@@ -7,23 +7,30 @@ import torch
 from ..capture import Batch
 from .base import Detector
 
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, queries, keys), sparse
+
 
 def _pool(
-    detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, q_start: int, target: torch.Tensor
+    detector: Detector, layer: int, attn: torch.Tensor, batch: Batch, q_start: int, targets: Pairs
 ) -> None:
     """Add, per row and head, the attention mass on the (sparse) target keys of every query.
 
-    Targets are few per query, so the mass is gathered at their coordinates instead of
-    multiplying the whole [B, H, T, T] map by a dense mask: this keeps the cost of these
-    detectors far below the cost of computing the attention itself at long context.
+    Targets are few per query and kept as coordinates, so the mass is gathered at them instead
+    of multiplying the whole [B, H, T, T] map by a dense mask, and no T x T structure is built.
     """
     stop = q_start + attn.shape[2]
-    key = f"sparse:{id(target)}:{q_start}:{stop}"
+    key = f"sparse:{id(targets)}:{q_start}:{stop}"
     if key not in batch._cache:
-        chunk = target[:, q_start:stop]  # targets are earlier keys, so they lie inside the chunk's K'
-        rows, queries, keys = chunk.nonzero(as_tuple=True)
-        query_mask = chunk.any(-1)
-        batch._cache[key] = (rows, queries, keys, query_mask.sum(-1))
+        all_rows, all_queries, all_keys = targets
+        inside = (all_queries >= q_start) & (all_queries < stop)
+        rows, queries, keys = all_rows[inside], all_queries[inside] - q_start, all_keys[inside]
+        # Queries with at least one target, per row: the positions this detector counts.
+        first_of_query = torch.ones_like(rows, dtype=torch.bool)
+        if len(rows) > 1:
+            first_of_query[1:] = (rows[1:] != rows[:-1]) | (queries[1:] != queries[:-1])
+        counts = torch.zeros(attn.shape[0], dtype=torch.long, device=attn.device)
+        counts.index_add_(0, rows, first_of_query.long())
+        batch._cache[key] = (rows, queries, keys, counts)
     rows, queries, keys, counts = batch._cache[key]
     mass = attn[rows, :, queries, keys]  # [nnz, H]
     per_head = torch.zeros(attn.shape[0], attn.shape[1], dtype=attn.dtype, device=attn.device)
@@ -40,20 +47,19 @@ def _pool(
     detector._accumulate(layer, batch, per_head, counts, baseline)
 
 
-def induction_targets(batch: Batch) -> torch.Tensor:
-    """[B, Q, K] True at k = j+1 for every earlier occurrence j of query q's token, with k < q.
+def induction_targets(batch: Batch) -> Pairs:
+    """(rows, queries, keys) with k = j+1 for every earlier occurrence j of query q's token, k < q.
 
     This is prefix matching: in "A B ... A", the second A should look at B.
     """
     if "induction_targets" not in batch._cache:
-        earlier = batch.earlier_same_token
-        target = torch.zeros_like(earlier)
-        target[:, :, 1:] = earlier[:, :, :-1]
-        length = target.shape[-1]
-        strictly_earlier = torch.ones(length, length, dtype=torch.bool, device=target.device).tril(-1)
-        target &= strictly_earlier & batch.content[:, None, :]
-        batch._cache["induction_targets"] = target
-    return batch._cache["induction_targets"]
+        rows, queries, earlier = batch.earlier_same_token_pairs
+        keys = earlier + 1
+        keep = keys < queries
+        rows, queries, keys = rows[keep], queries[keep], keys[keep]
+        keep = batch.content[rows, keys]
+        batch._cache["induction_targets"] = (rows[keep], queries[keep], keys[keep])
+    return batch._cache["induction_targets"]  # type: ignore[return-value]
 
 
 class DuplicateTokenDetector(Detector):
@@ -62,7 +68,7 @@ class DuplicateTokenDetector(Detector):
     default_source = "repeated-tokens"
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
-        _pool(self, layer, attn, batch, q_start, batch.earlier_same_token)
+        _pool(self, layer, attn, batch, q_start, batch.earlier_same_token_pairs)
 
 
 class InductionDetector(Detector):

@@ -1,0 +1,71 @@
+"""Slow: the dequantized GGUF cache holds float32 whatever dtype wrote it; the chunked Gemma 3 alias."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import pytest
+import torch
+
+from headscope.models import gguf_cache_is_valid, load
+
+pytestmark = pytest.mark.slow
+
+
+def weights(loaded) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    return {name: tensor.detach().clone() for name, tensor in loaded.model.state_dict().items()}
+
+
+def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatch):
+    """A cold bf16 run, then a float32 run from its cache, equals a cold float32 run, bit for bit."""
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "first"))
+    cold_bf16 = load("smollm2-135m", dtype="bfloat16")
+    assert "dequantized cache" not in cold_bf16.source
+    assert {p.dtype for p in cold_bf16.model.parameters()} == {torch.bfloat16}
+    bf16 = weights(cold_bf16)
+    del cold_bf16
+    warm = load("smollm2-135m", dtype="float32")
+    assert "dequantized cache" in warm.source
+    warm_weights = weights(warm)
+    del warm
+    (entry,) = (tmp_path / "first" / "gguf").iterdir()
+    assert gguf_cache_is_valid(entry)
+    warm_bf16 = weights(load("smollm2-135m", dtype="bfloat16"))
+
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "second"))
+    cold = weights(load("smollm2-135m", dtype="float32"))
+    assert cold.keys() == warm_weights.keys() == bf16.keys() == warm_bf16.keys()
+    for name, tensor in cold.items():
+        assert tensor.dtype == warm_weights[name].dtype == torch.float32
+        assert torch.equal(tensor, warm_weights[name]), name
+        # A bf16 run sees the float32 weights rounded, cold or warm alike.
+        assert torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
+        assert torch.equal(warm_bf16[name], bf16[name]), name
+
+
+def test_gemma3_270m_loads_from_its_four_chunk_wheels(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path))
+    start = time.perf_counter()
+    gemma = load("gemma3-270m")
+    seconds = time.perf_counter() - start
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    config = gemma.model.config
+    print(f"gemma3-270m cold load {seconds:.1f} s, peak RSS {rss_mb:.0f} MB")
+    print("sliding_window", config.sliding_window, "layer_types", config.layer_types)
+    layout = gemma.layout
+    assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (18, 4, 1)
+    assert (layout.head_dim, layout.d_model, layout.group_size) == (256, 640, 4)
+    assert config.vocab_size == 262144 and len(gemma.tokenizer) == 262144
+    assert gemma.is_causal
+    # Local sliding-window attention except every sixth layer (layers 5, 11 and 17 are global).
+    assert config.sliding_window == 512
+    full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
+    assert full == [5, 11, 17] and len(config.layer_types) == 18
+    (entry,) = (tmp_path / "gguf").iterdir()
+    assert gguf_cache_is_valid(entry)
+    # The weights make sense of English: far below the uniform ln(262144) = 12.5 nats per token.
+    batch = gemma.tokenizer("The cat sat on the mat because it was tired and warm.", return_tensors="pt")
+    with torch.no_grad():
+        loss = gemma.model(**batch, labels=batch["input_ids"]).loss
+    assert loss < 5, loss
