@@ -720,7 +720,9 @@ def info(
             flat = {
                 k: (" ".join(",".join(map(str, g)) for g in v) if k == "kv_groups" else v)
                 for k, v in data.items()
+                if k != "layer_attention"
             }
+            flat["layer_attention"] = data["layer_attention"]["summary"]
             return report.table_csv(pd.DataFrame([flat]), list(flat))
 
         _emit(fmt, output, force, lambda console: report.print_info(data, console), csv_text, lambda: data)

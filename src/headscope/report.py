@@ -531,6 +531,7 @@ def print_info(info: dict[str, Any], console: Console) -> None:
         ("architecture", f"{info['architecture']} ({'causal' if info['causal'] else 'bidirectional'})"),
         ("layers", str(info["layers"])),
         ("attention", info["attention"]),
+        ("layer kinds", info["layer_attention"]["summary"]),
         ("query heads", f"{info['query_heads']} per layer ({info['layers'] * info['query_heads']} in all)"),
         (
             "KV heads",

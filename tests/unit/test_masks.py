@@ -162,3 +162,17 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
     for name in names:
         assert torch.allclose(stream[name].scores(), eager[name].scores(), atol=1e-5), name
         assert torch.allclose(stream[name].baseline_by_layer(), eager[name].baseline_by_layer(), atol=1e-6)
+
+
+def test_info_names_local_and_global_layers():
+    from transformers import Gemma3TextConfig, LlamaConfig
+
+    from headscope.views import layer_attention
+
+    types = ["sliding_attention"] * 5 + ["full_attention"]
+    gemma = Gemma3TextConfig(num_hidden_layers=18, sliding_window=512, layer_types=types * 3)
+    kinds = layer_attention(gemma, 18)
+    assert kinds["global_layers"] == [5, 11, 17] and kinds["window"] == 512
+    assert kinds["summary"] == "local (window 512): 0–4, 6–10, 12–16; global: 5, 11, 17"
+    plain = layer_attention(LlamaConfig(num_hidden_layers=4), 4)
+    assert plain["local_layers"] == [] and plain["summary"] == "global in every layer"
