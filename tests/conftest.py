@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -15,6 +16,60 @@ ROOT = Path(__file__).resolve().parents[1]
 TOY_DIR = ROOT / "tests" / "toy" / "model"
 TOY_TEXTS = ROOT / "tests" / "toy" / "symbols.txt"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def in_ci() -> bool:
+    """CI services set ``CI`` (GitHub Actions: ``CI=true``); ``CI=false`` or ``0`` means not."""
+    return os.environ.get("CI", "").strip().lower() not in {"", "0", "false", "no"}
+
+
+# Hypothesis profiles. CI replays the same examples on every run (a red build can be rerun and
+# reproduced; print_blob gives the exact failing example); development keeps exploring new ones.
+# Tests set only what they need (max_examples, health checks) and inherit the rest from here.
+# Both start from Hypothesis' own "default" profile: recent Hypothesis loads a built-in "ci"
+# profile by itself when CI is set, and "dev" must not inherit that by accident. Our "ci" replaces
+# the built-in one and keeps what it sets (no example database, no too_slow health check).
+_BASE = settings.get_profile("default")
+settings.register_profile("dev", _BASE, deadline=None)
+settings.register_profile(
+    "ci",
+    _BASE,
+    derandomize=True,
+    print_blob=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev"))
+
+
+def require_shared(relative: str | Path) -> Path:
+    """The path of a file under ../shared/data/ (or an absolute path), for tests that read public data.
+
+    Absent data skips the test on a developer's machine, but fails it when ``CI`` is set, so a
+    green CI run always includes the checks on real treebanks and corpora.
+    """
+    path = SHARED_DATA / relative
+    if not path.exists():
+        message = f"{path} is absent (shared data next to the project root)"
+        if in_ci():
+            pytest.fail(message + "; CI must run the tests that read it")
+        pytest.skip(message)
+    return path
+
+
+def repeat_kv_order(n_heads: int, n_kv_heads: int) -> list[int]:
+    """The KV head that each query head reads, according to transformers itself.
+
+    Runs ``repeat_kv``, the function Llama-family attention uses to expand K and V to the query
+    heads, on KV heads that each carry their own index. This is the order that kv_group must
+    follow, found without headscope's code.
+    """
+    import torch
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    kv = torch.arange(n_kv_heads, dtype=torch.float32).view(1, n_kv_heads, 1, 1)
+    return repeat_kv(kv, n_heads // n_kv_heads)[0, :, 0, 0].long().tolist()
 
 
 @pytest.fixture(scope="session")

@@ -249,24 +249,74 @@ def test_debug_shows_the_traceback(cases):
     assert result.exit_code == 2 and "Traceback" in result.stderr
 
 
+# The child announces the first attention map of the first forward pass on stderr, so the test
+# interrupts a run that has demonstrably started (not after a guessed sleep). Only the test's
+# child is patched; the CLI runs unchanged.
+CTRL_C_CHILD = """
+import sys
+from headscope import capture
+from headscope.cli import main
+
+real_run = capture.run
+
+def announcing_run(loaded, batches, on_layer, **kwargs):
+    announced = []
+
+    def on_layer_announced(*args):
+        if not announced:
+            announced.append(True)
+            sys.stderr.write("READY\\n")
+            sys.stderr.flush()
+        return on_layer(*args)
+
+    return real_run(loaded, batches, on_layer_announced, **kwargs)
+
+capture.run = announcing_run
+sys.argv = ["headscope", *sys.argv[1:]]
+main()
+"""
+
+# Generous bounds for two busy cores: they only stop a hung run, they never pace a healthy one.
+READY_TIMEOUT_S = 600
+EXIT_TIMEOUT_S = 600
+
+
 def test_ctrl_c_exits_130_and_leaves_no_file(tmp_path):
     """SIGINT during the forward passes: exit 130, no CSV, no temporary file."""
+    import threading
+
     target = tmp_path / "out.csv"
-    code = (
-        "from headscope.cli import main; import sys; "
-        f"sys.argv = ['headscope', 'induction', {str(TOY)!r}, '--seq-len', '30', '--batch', '200000', "
-        f"'--csv', {str(target)!r}, '-o', {str(tmp_path / 'out.json')!r}, '--format', 'json']; main()"
-    )
+    args = ["induction", str(TOY), "--seq-len", "30", "--batch", "200000", "--csv", str(target)]
+    args += ["-o", str(tmp_path / "out.json"), "--format", "json"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", CTRL_C_CHILD, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    # Wait until the model is loaded (the header line), then interrupt mid-run.
     assert proc.stderr is not None
-    header = proc.stderr.readline()
-    assert "layers" in header, header
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    received = bytearray()
+    ready = threading.Event()
+
+    def read_stderr() -> None:  # a thread, so that no read can block the test past its deadline
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            received.extend(chunk)
+            if b"READY\n" in received:
+                ready.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.wait(timeout=0.5):
+            assert proc.poll() is None, f"exited {proc.returncode} before the forward passes: {received!r}"
+            assert time.monotonic() < deadline, f"no forward pass within {READY_TIMEOUT_S} s: {received!r}"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=EXIT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=60)
+    stderr = received.decode("utf-8", "replace")
+    assert "layers" in stderr.split("READY")[0], stderr  # the model was loaded first
     assert proc.returncode == 130, (proc.returncode, stderr)
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -57,7 +59,11 @@ def test_scan_on_toy_with_text_set(toy_dir, toy_texts, tmp_path):
     rows = list(csv.DictReader(io.StringIO(target.read_text())))
     head_level = [r for r in rows if r["relation"] == ""]
     assert len(head_level) == 4 * 8
-    assert {r["data"] for r in rows} >= {"symbols", "repeated-tokens", "syntax-en", "coref-zh"}
+    assert {r["data"] for r in rows} >= {"symbols", "repeated-tokens", "syntax-en", "coref-en"}
+    # The toy's tokenizer reads Chinese as <unk> runs that swallow whole clauses: every arc and
+    # every candidate shares a token with its partner, so the Chinese sets are left out, with a note.
+    assert not {"syntax-zh", "coref-zh"} & {r["data"] for r in rows}
+    assert "syntax/zh.conllu: not scored" in result.stderr and "coref/zh.yaml: not scored" in result.stderr
     best_prev = min((r for r in rows if r["detector"] == "previous-token"), key=lambda r: int(r["rank"]))
     assert (best_prev["layer"], best_prev["head"]) == ("0", "1")
 
@@ -161,8 +167,6 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_induction_ablation_json(toy_dir, tmp_path):
-    import json
-
     target = tmp_path / "ablation.json"
     result = invoke(
         "induction", toy_dir, "--seq-len", 16, "--batch", 4, "--ablate", 1, "--draws", 2, "--json", target
@@ -212,7 +216,7 @@ def test_scan_role_map_and_roles_csv(toy_dir, toy_texts, tmp_path):
     assert {roles[("1", str(h))] for h in range(4)} == {"ind"}
 
 
-def test_scan_verify_on_toy(toy_dir, toy_texts):
+def test_scan_verify_on_toy(toy_dir, toy_texts, toy_truth):
     result = invoke(
         "scan",
         toy_dir,
@@ -229,11 +233,15 @@ def test_scan_verify_on_toy(toy_dir, toy_texts):
     assert result.exit_code == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if "L1H0" in line or "L0H1" in line]
     assert len(rows) == 2, result.stdout
-    # The toy's four layer-1 induction heads carry its copying: ablating them costs nats.
+    # The toy's four layer-1 induction heads carry its copying: ablating them brings back much of
+    # the gap between copying (train_toy.py measured the later-copy loss) and guessing among the
+    # vocabulary (ln V nats), the same bar as the ground-truth ablation test.
     # (With 4 heads a layer, the "same layers" random control falls back to layer 0, which holds
     # the previous-token heads the circuit needs, so it is not a fair control on this model.)
+    vocab = json.loads((toy_dir / "config.json").read_text())["vocab_size"]
+    gap = math.log(vocab) - toy_truth["final_loss_second_copy"]
     induction = next(row for row in rows if "L1H0" in row)
-    assert float(induction[-2]) > 2.0
+    assert float(induction[-2]) > 0.4 * gap, (induction, gap)
 
 
 def test_one_sequence_gives_scores_but_no_intervals_and_no_roles(toy_dir, tmp_path):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+from conftest import repeat_kv_order
+
 from headscope import analysis
 
 
@@ -30,15 +34,18 @@ def test_finds_the_induction_heads(toy, toy_truth):
     assert report.loss is not None and report.loss.later < report.loss.first / 5
 
 
-def test_finds_the_previous_token_head(toy, toy_truth, toy_texts):
+def test_finds_the_previous_token_head(toy, toy_truth, toy_texts, toy_dir):
     report = analysis.scan(toy, text_set=toy_texts, detector_names=["previous-token"], n_resamples=200)
     table = report.table
     assert heads(table, "previous-token", 1) == [tuple(toy_truth["previous_token_head"])]
     best = table[table["rank"] == 1].iloc[0]
     assert best.score > 0.8
     assert best.ci_low > 3 * best.baseline
-    assert set(table.kv_group) == {0, 1}
-    assert table[(table["head"] == 3)].kv_group.unique().tolist() == [1]
+    # The toy's config: 4 query heads over 2 KV heads, expanded in transformers' repeat_kv order.
+    config = json.loads((toy_dir / "config.json").read_text())
+    order = repeat_kv_order(config["num_attention_heads"], config["num_key_value_heads"])
+    assert order == [0, 0, 1, 1]
+    assert table.kv_group.tolist() == [order[h] for h in table["head"]]
 
 
 def test_ablating_the_induction_heads_destroys_copying(toy, toy_truth):

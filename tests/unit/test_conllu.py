@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from conftest import require_shared
 
 from headscope.conllu import TreebankError, read_conllu
 
@@ -43,18 +45,89 @@ def test_ranges_empty_nodes_subtypes_and_spacing(tmp_path):
     assert first.source.endswith("t.conllu:1") and second.source.endswith("t.conllu:12")
 
 
-def test_shared_ewt_treebank_rebuilds_text(tmp_path):
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "shared/data/ud/UD_English-EWT/en_ewt-ud-test.conllu"
-    if not path.exists():
-        pytest.skip("shared UD data absent")
+def test_shared_ewt_treebank_reads_its_text():
+    path = require_shared("ud/UD_English-EWT/en_ewt-ud-test.conllu")
     treebank = read_conllu(path)
+    # The published size of the EWT test split (shared/data/README.md).
     assert len(treebank.sentences) == 2077
     assert sum(len(s.words) for s in treebank.sentences) == 25094
     texts = [line[len("# text = ") :].rstrip("\n") for line in path.open() if line.startswith("# text = ")]
-    same = sum(s.text == t for s, t in zip(treebank.sentences, texts, strict=True))
-    assert same >= 2070  # one EWT sentence has a no-break space in # text
+    # Every sentence's text is its own '# text' line, no-break space and all, and every word's
+    # span spells its form (English multiword tokens concatenate: "don't" = "do" + "n't").
+    assert [s.text for s in treebank.sentences] == texts
+    assert all(s.text[w.start : w.end] == w.form for s in treebank.sentences for w in s.words)
+
+
+SPANISH = """# sent_id = es1
+# text = Vengo del mercado, dámelo.
+1\tVengo\tvenir\tVERB\t_\t_\t0\troot\t_\t_
+2-3\tdel\t_\t_\t_\t_\t_\t_\t_\t_
+2\tde\tde\tADP\t_\t_\t4\tcase\t_\t_
+3\tel\tel\tDET\t_\t_\t4\tdet\t_\t_
+4\tmercado\tmercado\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
+5\t,\t,\tPUNCT\t_\t_\t6\tpunct\t_\t_
+6-8\tdámelo\t_\t_\t_\t_\t_\t_\t_\tSpaceAfter=No
+6\tda\tdar\tVERB\t_\t_\t1\tparataxis\t_\t_
+7\tme\tyo\tPRON\t_\t_\t6\tiobj\t_\t_
+8\tlo\tél\tPRON\t_\t_\t6\tobj\t_\t_
+9\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
+"""
+
+
+@pytest.mark.parametrize("with_text_line", [True, False])
+def test_multiword_tokens_keep_their_surface_form(tmp_path, with_text_line):
+    """Spanish "del" is "de" + "el": the text says "del" and both words share its characters."""
+    data = SPANISH if with_text_line else SPANISH.replace("# text = Vengo del mercado, dámelo.\n", "")
+    (sentence,) = read_conllu(write(tmp_path, data)).sentences
+    assert sentence.text == "Vengo del mercado, dámelo."
+    spans = {w.form: (w.start, w.end) for w in sentence.words}
+    assert spans["de"] == spans["el"] == (6, 9) and sentence.text[6:9] == "del"
+    assert spans["da"] == spans["me"] == spans["lo"] == (19, 25) and sentence.text[19:25] == "dámelo"
+    assert sentence.text[slice(*spans["mercado"])] == "mercado"
+    assert sentence.text[slice(*spans["."])] == "."
+    assert sentence.arcs({"case", "det", "obj"}) == [(1, 3, "case"), (2, 3, "det"), (7, 5, "obj")]
+
+
+def test_words_sharing_a_span_align_to_the_same_tokens(tmp_path):
+    """Two words of one multiword token overlap the same tokens; alignment accepts that."""
+    from headscope.align import token_word_maps
+
+    (sentence,) = read_conllu(write(tmp_path, SPANISH)).sentences
+    spans = [(w.start, w.end) for w in sentence.words]
+    # One token per whitespace-separated piece, as a tokenizer without subwords would cut it.
+    offsets = [(0, 5), (6, 9), (10, 17), (17, 18), (19, 25), (25, 26)]
+    to_word, from_word = token_word_maps(offsets, [False] * len(offsets), spans, len(sentence.text))
+    assert to_word[1].tolist() == [0, 0.5, 0.5, 0, 0, 0, 0, 0, 0]  # "del" splits its mass between de, el
+    assert torch.equal(from_word[:, 1], from_word[:, 2]) and from_word[1, 1] == 1.0
+    assert to_word[4, 5:8].tolist() == pytest.approx([1 / 3] * 3)
+    assert torch.allclose(to_word.sum(1), torch.ones(len(offsets)))
+
+
+def test_text_line_with_odd_whitespace_is_kept(tmp_path):
+    data = GOOD.replace("# text = I don't like cats.", "# text = I  don't\u00a0like cats.")
+    first = read_conllu(write(tmp_path, data)).sentences[0]
+    assert first.text == "I  don't\u00a0like cats."
+    assert [first.text[w.start : w.end] for w in first.words] == ["I", "do", "n't", "like", "cats", "."]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        # "# text" spells the words, not the surface token: the forms disagree with the text.
+        ("# text = Vengo del mercado", "# text = Vengo de el mercado", r"t\.conllu:4: FORM 'del' disagrees"),
+        ("# text = Vengo del mercado", "# text = Vengo al mercado", r"t\.conllu:4: FORM 'del' disagrees"),
+        ("dámelo.", "dámelo. ¡Ya!", r"t\.conllu:2: '# text' continues with '¡Ya!'"),
+        ("4\tmercado\tmercado", "4\tmercados\tmercado", r"t\.conllu:7: FORM 'mercados' disagrees"),
+    ],
+)
+def test_text_line_that_disagrees_with_the_forms(tmp_path, old, new, message):
+    data = SPANISH.replace(old, new)
+    assert data != SPANISH
+    with pytest.raises(TreebankError, match=message):
+        read_conllu(write(tmp_path, data))
+    treebank = read_conllu(write(tmp_path, data + "\n" + GOOD), skip_bad=True)
+    assert len(treebank.sentences) == 2 and len(treebank.skipped) == 1
+    assert "disagrees" in treebank.skipped[0] or "continues" in treebank.skipped[0]
 
 
 @pytest.mark.parametrize(
@@ -70,6 +143,17 @@ def test_shared_ewt_treebank_rebuilds_text(tmp_path):
         ("1\tI\tI\tPRON\t_\t_\t0\t_\t_\t_\n", r"DEPREL is empty"),
         ("2\tI\tI\tPRON\t_\t_\t0\troot\t_\t_\n", r"IDs must run 1, 2, 3"),
         ("# only a comment\n", r"no sentences"),
+        (
+            "1-3\tIt's\t_\t_\t_\t_\t_\t_\t_\t_\n" + "1\tIt\tit\tPRON\t_\t_\t0\troot\t_\t_\n",
+            r"range 1-3 does not cover",
+        ),
+        (
+            "1-2\tab\t_\t_\t_\t_\t_\t_\t_\t_\n2-3\tbc\t_\t_\t_\t_\t_\t_\t_\t_\n"
+            + "".join(
+                f"{i}\t{c}\t_\t_\t_\t_\t{0 if i == 1 else 1}\tdep\t_\t_\n" for i, c in enumerate("abc", 1)
+            ),
+            r"t\.conllu:2: multiword range overlaps",
+        ),
     ],
 )
 def test_malformed_treebanks(tmp_path, text, message):

@@ -100,23 +100,20 @@ def repeated_batch(segment, repeats=2, bos=True):
     return make_batches([seq], [special], batch_size=1, pad_id=0, is_causal=True)[0]
 
 
-def induction_pattern(batch) -> torch.Tensor:
-    """Each query attends to the successors of its earlier occurrences; otherwise to itself."""
-    from headscope.detectors.induction import induction_targets
+def copy_pattern(n_segment: int, shift: int) -> torch.Tensor:
+    """[T, T] for BOS + a segment of distinct tokens + the same segment again, written by hand.
 
-    target = induction_targets(batch)[0].float()
-    length = target.shape[0]
+    In the second copy, query 1 + n + j attends to position 1 + j + shift: with shift 0 that is
+    the earlier occurrence of its token (a duplicate-token head), with shift 1 the token that
+    followed that occurrence (an induction head). Every other query attends to itself.
+    Nothing here comes from headscope, so a wrong target in the detectors cannot plant itself.
+    """
+    length = 1 + 2 * n_segment
     pattern = torch.eye(length)
-    has = target.sum(-1) > 0
-    pattern[has] = target[has] / target[has].sum(-1, keepdim=True)
-    return pattern
-
-
-def duplicate_pattern(batch) -> torch.Tensor:
-    earlier = batch.earlier_same_token[0].float()
-    pattern = torch.eye(earlier.shape[0])
-    has = earlier.sum(-1) > 0
-    pattern[has] = earlier[has] / earlier[has].sum(-1, keepdim=True)
+    for j in range(n_segment):
+        query = 1 + n_segment + j
+        pattern[query] = 0.0
+        pattern[query, 1 + j + shift] = 1.0
     return pattern
 
 
@@ -124,7 +121,8 @@ def test_induction_and_duplicate_planted_heads():
     segment = [10, 11, 12, 13, 14, 15]
     batch = repeated_batch(segment)
     length = batch.input_ids.shape[1]
-    ind, dup = induction_pattern(batch), duplicate_pattern(batch)
+    assert batch.input_ids[0].tolist() == [1, *segment, *segment]
+    ind, dup = copy_pattern(len(segment), shift=1), copy_pattern(len(segment), shift=0)
     uniform = causal_uniform(length)
     layer0 = torch.stack([uniform, dup, uniform, uniform])[None]
     layer1 = torch.stack([uniform, uniform, uniform, ind])[None]
@@ -133,7 +131,7 @@ def test_induction_and_duplicate_planted_heads():
     induction = run_detector("induction", batch, attn)
     assert torch.argmax(induction.scores()).item() == 4 + 3
     assert induction.scores()[1, 3].item() == pytest.approx(1.0)
-    # In the second copy every token except the first has a successor target strictly earlier.
+    # Every token of the second copy has an earlier occurrence whose successor it can see.
     assert induction.n == len(segment)
     assert induction.scores()[0, 1].item() == pytest.approx(0.0)  # duplicate head != induction
 

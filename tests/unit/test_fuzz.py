@@ -4,12 +4,13 @@ with a HeadscopeError (a clean one-line error), and never crashes with anything 
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -21,7 +22,11 @@ from headscope.models import bundled_path
 from headscope.prompts import load_coref, load_texts
 from headscope.views import word_spans
 
-FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# The profile loaded in conftest.py (derandomized in CI, "dev" elsewhere) is the parent: these
+# tests set only how many examples they draw and the fixture health check.
+FUZZ = settings(
+    settings.default, max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 # Text with CJK, emoji, combining marks and controls, but no lone surrogates (not encodable).
 ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
@@ -164,8 +169,10 @@ def test_show_words_align_or_are_rejected(wordpiece, text):
     try:
         ids, _, to_word, from_word = encode_with_spans(wordpiece, text, spans)
     except AlignmentError:
+        assert uncovered_spans(wordpiece, text, spans), (text, spans)  # a refusal must be earned
         return
     assert to_word.shape == from_word.shape == (len(ids), len(spans))
+    assert not uncovered_spans(wordpiece, text, spans)
 
 
 def random_spans(text: str, data) -> list[tuple[int, int]]:  # noqa: ANN001
@@ -174,12 +181,39 @@ def random_spans(text: str, data) -> list[tuple[int, int]]:  # noqa: ANN001
     return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
-    """Random spans on random text: a clean AlignmentError, or maps that match the offsets."""
+def uncovered_spans(tokenizer, text: str, spans: list[tuple[int, int]]) -> list[int]:
+    """The spans that alignment must refuse, found from the tokenizer's own output.
+
+    A span is refused when it is empty or outside the text, or when no non-special token's
+    character offsets overlap it. Computed here from the offset mapping and the special-tokens
+    mask, not with headscope.align, so that a refusal in the tests below has to be earned.
+    """
+    encoding = tokenizer(
+        text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
+    )
+    tokens = [
+        (start, end)
+        for (start, end), special in zip(
+            encoding["offset_mapping"], encoding["special_tokens_mask"], strict=True
+        )
+        if not special
+    ]
+    return [
+        w
+        for w, (a, b) in enumerate(spans)
+        if not 0 <= a < b <= len(text) or not any(min(end, b) > max(start, a) for start, end in tokens)
+    ]
+
+
+def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> str:
+    """Random spans on random text: maps that match the offsets, or an AlignmentError exactly
+    when some span has no overlapping non-special token. Returns which of the two happened."""
     try:
         ids, special, to_word, from_word = encode_with_spans(tokenizer, text, spans)
     except AlignmentError:
-        return
+        assert uncovered_spans(tokenizer, text, spans), (text, spans)  # a refusal must be earned
+        return "refused"
+    assert not uncovered_spans(tokenizer, text, spans)
     offsets = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
     assert to_word.shape == from_word.shape == (len(ids), len(spans))
     sums = to_word.sum(1)
@@ -190,6 +224,7 @@ def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
             overlaps = not special[t] and min(end, b) > max(start, a)
             assert (float(to_word[t, w]) > 0) == overlaps
             assert (float(from_word[t, w]) > 0) == overlaps
+    return "aligned"
 
 
 @pytest.mark.slow
@@ -198,11 +233,29 @@ def check_alignment(tokenizer, text: str, spans: list[tuple[int, int]]) -> None:
 def test_byte_level_bpe_alignment_with_random_spans(smollm2, text, data):
     """SmolLM2's byte-level BPE (CJK split into byte tokens, merges across words) on random text."""
     assume(text)
-    check_alignment(smollm2.tokenizer, text, random_spans(text, data))
+    event(check_alignment(smollm2.tokenizer, text, random_spans(text, data)))
 
 
 @FUZZ
 @given(HARD_TEXT | ANY_TEXT, st.data())
 def test_wordpiece_alignment_with_random_spans(wordpiece, text, data):
     assume(text)
-    check_alignment(wordpiece, text, random_spans(text, data))
+    event(check_alignment(wordpiece, text, random_spans(text, data)))  # --hypothesis-show-statistics
+
+
+def test_alignment_refusals_are_checked_against_the_offsets(wordpiece, monkeypatch):
+    """The fuzz checks above are not vacuous: a coverable span must align, an uncoverable one
+    must be refused, and an aligner that refused everything would fail them."""
+    text = "ab  cd"
+    assert uncovered_spans(wordpiece, text, [(0, 2), (4, 6)]) == []
+    assert uncovered_spans(wordpiece, text, [(0, 2), (2, 4)]) == [1]  # only spaces: no token
+    assert uncovered_spans(wordpiece, text, [(0, 9)]) == [0]  # outside the text
+    assert check_alignment(wordpiece, text, [(0, 2), (4, 6)]) == "aligned"
+    assert check_alignment(wordpiece, text, [(0, 2), (2, 4)]) == "refused"
+
+    def refuse(*args, **kwargs):
+        raise AlignmentError("refused")
+
+    monkeypatch.setattr(sys.modules[__name__], "encode_with_spans", refuse)
+    with pytest.raises(AssertionError):
+        check_alignment(wordpiece, text, [(0, 2), (4, 6)])

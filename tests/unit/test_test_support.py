@@ -1,0 +1,87 @@
+"""The test suite's own support in conftest.py: shared data and hypothesis profiles behave in CI."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SHARED_DATA, in_ci, require_shared
+from hypothesis import settings
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, False), ("", False), ("0", False), ("false", False), ("true", True), ("1", True)],
+)
+def test_in_ci_reads_the_ci_variable(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    assert in_ci() is expected
+
+
+def test_missing_shared_data_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path):
+    missing = tmp_path / "ud" / "absent.conllu"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="absent.conllu is absent"):
+        require_shared(missing)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="absent.conllu is absent"):
+        require_shared(missing)
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        require_shared(missing)
+
+
+def test_present_shared_data_is_returned(monkeypatch, tmp_path):
+    import conftest
+
+    (tmp_path / "ud").mkdir()
+    present = tmp_path / "ud" / "data.conllu"
+    present.write_text("x")
+    monkeypatch.setenv("CI", "true")
+    assert require_shared(present) == present
+    monkeypatch.setattr(conftest, "SHARED_DATA", tmp_path)
+    assert require_shared("ud/data.conllu") == present  # relative paths are under ../shared/data
+    assert SHARED_DATA.parts[-2:] == ("shared", "data")
+
+
+def test_hypothesis_profiles():
+    ci = settings.get_profile("ci")
+    assert ci.derandomize and ci.print_blob and ci.deadline is None and ci.database is None
+    dev = settings.get_profile("dev")
+    assert not dev.derandomize and dev.deadline is None and dev.database is not None
+    # The profile conftest.py loaded is the default, and the fuzz settings inherit from it.
+    from test_fuzz import FUZZ
+
+    assert FUZZ.derandomize == settings.default.derandomize
+    assert FUZZ.max_examples == 80
+
+
+@pytest.mark.parametrize(
+    ("env", "derandomized"),
+    [
+        ({"CI": "true"}, True),
+        ({}, False),
+        ({"CI": "true", "HYPOTHESIS_PROFILE": "dev"}, False),  # an explicit profile wins
+        ({"HYPOTHESIS_PROFILE": "ci"}, True),
+    ],
+)
+def test_the_environment_chooses_the_profile(env, derandomized):
+    """A fresh interpreter imports conftest.py as pytest does, with CI's environment or not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    code = "import conftest; from hypothesis import settings; print(settings.default.derandomize)"
+    clean = {k: v for k, v in os.environ.items() if k not in {"CI", "HYPOTHESIS_PROFILE"}}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tests,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.stdout.strip() == str(derandomized), proc.stderr
