@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import SHARED_DATA, in_ci, require_shared
 from hypothesis import settings
@@ -85,3 +87,12 @@ def test_the_environment_chooses_the_profile(env, derandomized):
         timeout=600,
     )
     assert proc.stdout.strip() == str(derandomized), proc.stderr
+
+
+def test_the_session_never_uses_the_users_cache():
+    from conftest import TEST_CACHE
+
+    from headscope.models import cache_root
+
+    assert cache_root() == TEST_CACHE
+    assert cache_root() != Path.home() / ".cache" / "headscope"
