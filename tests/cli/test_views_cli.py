@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from headscope.cli import app
-from headscope.results import CSV_COLUMNS
+from headscope.verdicts.results import CSV_COLUMNS
 
 runner = CliRunner()
 # A bound for a hung child, not a pace: a cold interpreter importing torch on two busy cores
@@ -128,7 +128,7 @@ def test_show_words_and_cjk_png_warning(smollm2, tmp_path):
         "。",
     ]
     assert png.exists()
-    from headscope.views import font_for
+    from headscope.outputs.views import font_for
 
     if font_for(["喜欢"])[0] is None:
         assert "no installed font has the glyphs" in result.stderr

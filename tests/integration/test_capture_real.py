@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from headscope import analysis
+from headscope import analyses
+from headscope.data.prompts import builtin
 from headscope.models import bundled_path, load
-from headscope.prompts import builtin
 
 pytestmark = pytest.mark.slow
 
@@ -20,16 +20,16 @@ def test_streaming_and_eager_scores_match(alias, request):
     streaming = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "minilm")
     eager = load(alias, capture="eager")
     assert streaming.capture_mode == "stream" and eager.capture_mode == "eager"
-    spec = analysis.RepeatSpec(seq_len=30, n_seqs=4)
-    a = analysis.scan(streaming, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
-    b = analysis.scan(eager, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
+    spec = analyses.RepeatSpec(seq_len=30, n_seqs=4)
+    a = analyses.scan(streaming, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
+    b = analyses.scan(eager, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
     assert len(a) == len(b) == 4 * streaming.layout.n_layers * streaming.layout.n_heads
     assert (a.score - b.score).abs().max() < 1e-5
 
 
 def test_batched_equals_unbatched_on_minilm(minilm):
-    one = analysis.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=1, n_resamples=0).table
-    many = analysis.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=16, n_resamples=0).table
+    one = analyses.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=1, n_resamples=0).table
+    many = analyses.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=16, n_resamples=0).table
     assert (one.score - many.score).abs().max() < 1e-5
 
 
@@ -60,16 +60,16 @@ def test_small_query_chunks_give_the_same_scores(alias, request, monkeypatch):
     from headscope import capture
 
     loaded = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "minilm")
-    spec = analysis.RepeatSpec(seq_len=30, n_seqs=4)
+    spec = analyses.RepeatSpec(seq_len=30, n_seqs=4)
 
     def everything():
-        token = analysis.scan(loaded, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
-        syntax = analysis.syntax(loaded, builtin("syntax/en.conllu"), limit=24, n_resamples=0).table
+        token = analyses.scan(loaded, repeat=spec, detector_names=TOKEN_LEVEL, n_resamples=0).table
+        syntax = analyses.syntax(loaded, builtin("syntax/en.conllu"), limit=24, n_resamples=0).table
         return token, syntax
 
-    monkeypatch.setattr(capture, "_CHUNK_ELEMENTS", 1 << 40)
+    monkeypatch.setattr(capture.stream, "_CHUNK_ELEMENTS", 1 << 40)
     token_a, syntax_a = everything()
-    monkeypatch.setattr(capture, "_CHUNK_ELEMENTS", 4 * 9 * 64)  # a few query rows per chunk
+    monkeypatch.setattr(capture.stream, "_CHUNK_ELEMENTS", 4 * 9 * 64)  # a few query rows per chunk
     token_b, syntax_b = everything()
     assert (token_a.score - token_b.score).abs().max() < 1e-5
     # Syntax scores are argmax accuracies; float sums in another order may flip a near tie.

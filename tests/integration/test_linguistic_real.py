@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from conftest import require_shared
 
-from headscope import analysis
-from headscope.prompts import builtin
+from headscope import analyses
+from headscope.data.prompts import builtin
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ewt():
-    from headscope.conllu import read_conllu
+    from headscope.data.conllu import read_conllu
 
     return read_conllu(require_shared("ud/UD_English-EWT/en_ewt-ud-test.conllu"), limit=600)
 
@@ -31,7 +31,7 @@ def best(report, relation, direction):
 )
 def test_obj_and_det_heads_beat_the_offset_baseline_on_ewt(request, ewt, model, obj_direction, det_direction):
     loaded = request.getfixturevalue(model)
-    report = analysis.syntax(loaded, ewt, relations=["obj", "det", "nsubj"], n_resamples=200)
+    report = analyses.syntax(loaded, ewt, relations=["obj", "det", "nsubj"], n_resamples=200)
     for relation, direction in (("obj", obj_direction), ("det", det_direction)):
         top, baseline = best(report, relation, direction)
         print(
@@ -53,7 +53,7 @@ def test_obj_and_det_heads_beat_the_offset_baseline_on_ewt(request, ewt, model, 
 
 def coref_best(request, model, data):
     loaded = request.getfixturevalue(model)
-    report = analysis.coref(loaded, builtin(f"coref/{data}.yaml"), n_resamples=200)
+    report = analyses.coref(loaded, builtin(f"coref/{data}.yaml"), n_resamples=200)
     top = report.table[report.table["rank"] == 1].iloc[0]
     section = report.sections[0]
     print(model, data, f"L{top['layer']}H{top['head']}", round(top.score, 3), round(top.ci_low, 3))

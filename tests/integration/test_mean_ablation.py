@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from headscope import analysis, capture
-from headscope.ablation import ablate, later_copy_loss
-from headscope.models import _choose_capture
+from headscope import analyses, capture
+from headscope.analyses.ablation import ablate, later_copy_loss
+from headscope.models.load import _choose_capture
 
-SPEC = analysis.RepeatSpec(seq_len=16, n_seqs=10, seed=3)
+SPEC = analyses.RepeatSpec(seq_len=16, n_seqs=10, seed=3)
 INDUCTION_HEADS = [(1, 0), (1, 1), (1, 2), (1, 3)]  # every layer-1 head of the toy induces
 
 
@@ -54,8 +54,8 @@ def _toy_with_constant_head(toy):
 
 def test_mean_ablation_of_a_constant_head_changes_nothing(toy):
     loaded = _toy_with_constant_head(toy)
-    sequences, specials, offset = analysis.repeated_tokens(loaded, SPEC)
-    batches = analysis._batches(loaded, sequences, specials, 4)
+    sequences, specials, offset = analyses.repeated_tokens(loaded, SPEC)
+    batches = analyses.model_batches(loaded, sequences, specials, 4)
     n = len(sequences)
     clean = later_copy_loss(loaded, batches, SPEC, offset, n, None)
     heads = [(0, 0)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import repeat_kv_order
 
-from headscope import analysis
-from headscope.report import table_csv
-from headscope.results import CSV_COLUMNS
+from headscope import analyses
+from headscope.outputs.report import table_csv
+from headscope.verdicts.results import CSV_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,7 @@ def test_smollm2_scan_every_head_every_detector(smollm2):
     layout = smollm2.layout
     assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (30, 9, 3)
     assert smollm2.is_causal and smollm2.capture_mode == "stream"
-    report = analysis.scan(smollm2, n_resamples=200)
+    report = analyses.scan(smollm2, n_resamples=200)
     table = report.table
     assert list(table.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
     assert table_csv(table).splitlines()[0] == ",".join(CSV_COLUMNS)
@@ -39,8 +39,8 @@ def test_smollm2_scan_every_head_every_detector(smollm2):
 
 
 def test_smollm2_induction_heads_carry_in_context_copying(smollm2):
-    report = analysis.induction(
-        smollm2, analysis.RepeatSpec(seq_len=50, repeats=3, n_seqs=8), n_resamples=200
+    report = analyses.induction(
+        smollm2, analyses.RepeatSpec(seq_len=50, repeats=3, n_seqs=8), n_resamples=200
     )
     induction = report.table[report.table.detector == "induction"].sort_values("rank")
     assert induction.iloc[0].score > 0.5
@@ -56,7 +56,7 @@ def test_minilm_encoder_scan(minilm):
     layout = minilm.layout
     assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (6, 12, 12)
     assert not minilm.is_causal
-    report = analysis.scan(minilm, n_resamples=200)
+    report = analyses.scan(minilm, n_resamples=200)
     table = report.table
     counts = table[table.relation == ""].groupby("detector").size().to_dict()
     assert set(counts.values()) == {72} and len(counts) == 4
@@ -80,10 +80,10 @@ def test_a_gguf_path_loads_like_the_alias():
 
 
 def test_smollm2_top5_induction_ablation_beats_random_control(smollm2):
-    from headscope.ablation import ablate, top_heads
+    from headscope.analyses.ablation import ablate, top_heads
 
-    spec = analysis.RepeatSpec(seq_len=50, n_seqs=8, seed=0)
-    report = analysis.induction(smollm2, spec, n_resamples=0)
+    spec = analyses.RepeatSpec(seq_len=50, n_seqs=8, seed=0)
+    report = analyses.induction(smollm2, spec, n_resamples=0)
     heads = top_heads(report.table, "induction", 5)
     result = ablate(smollm2, spec, heads, draws=3, batch_size=8, n_resamples=200)
     print("clean", result.clean.mean, "top5", result.topk.mean, "random5", result.random.mean)

@@ -6,7 +6,7 @@ import json
 
 from conftest import repeat_kv_order
 
-from headscope import analysis
+from headscope import analyses
 
 
 def heads(frame, detector, k):
@@ -15,7 +15,7 @@ def heads(frame, detector, k):
 
 
 def test_finds_the_induction_heads(toy, toy_truth):
-    report = analysis.induction(toy, analysis.RepeatSpec(seq_len=24, n_seqs=16, seed=5), n_resamples=200)
+    report = analyses.induction(toy, analyses.RepeatSpec(seq_len=24, n_seqs=16, seed=5), n_resamples=200)
     table = report.table
     # train_toy.py found every layer-1 head doing induction (> 0.8) and no layer-0 head doing it.
     truth = {tuple(int(x) for x in k[1:].split("H")): v for k, v in toy_truth["induction_scores"].items()}
@@ -35,7 +35,7 @@ def test_finds_the_induction_heads(toy, toy_truth):
 
 
 def test_finds_the_previous_token_head(toy, toy_truth, toy_texts, toy_dir):
-    report = analysis.scan(toy, text_set=toy_texts, detector_names=["previous-token"], n_resamples=200)
+    report = analyses.scan(toy, text_set=toy_texts, detector_names=["previous-token"], n_resamples=200)
     table = report.table
     assert heads(table, "previous-token", 1) == [tuple(toy_truth["previous_token_head"])]
     best = table[table["rank"] == 1].iloc[0]
@@ -50,10 +50,10 @@ def test_finds_the_previous_token_head(toy, toy_truth, toy_texts, toy_dir):
 
 def test_ablating_the_induction_heads_destroys_copying(toy, toy_truth):
     from headscope import capture
-    from headscope.ablation import later_copy_loss
+    from headscope.analyses.ablation import later_copy_loss
 
-    spec = analysis.RepeatSpec(seq_len=24, n_seqs=16, seed=9)
-    sequences, specials, offset = analysis.repeated_tokens(toy, spec)
+    spec = analyses.RepeatSpec(seq_len=24, n_seqs=16, seed=9)
+    sequences, specials, offset = analyses.repeated_tokens(toy, spec)
     batches = capture.make_batches(sequences, specials, batch_size=16, pad_id=0, is_causal=True)
 
     def loss(heads):
@@ -64,7 +64,7 @@ def test_ablating_the_induction_heads_destroys_copying(toy, toy_truth):
     truth = {tuple(int(x) for x in k[1:].split("H")): v for k, v in toy_truth["induction_scores"].items()}
     induction_heads = [h for h, v in truth.items() if v > 0.5]
     clean = loss([])
-    first_copy = analysis.induction(toy, spec, n_resamples=0).loss.first
+    first_copy = analyses.induction(toy, spec, n_resamples=0).loss.first
     ablated = loss(induction_heads)
     other = loss([(0, 0)])  # a layer-0 head that is neither induction nor previous-token
     # Copying is gone: most of the gap to the first (unseen) copy comes back.

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from headscope.align import AlignmentError, encode_with_spans, token_word_maps, word_attention
+from headscope.data.align import AlignmentError, encode_with_spans, token_word_maps, word_attention
 from headscope.models import bundled_path
 
 

@@ -91,7 +91,7 @@ def test_a_later_run_does_not_hash_the_joined_file_again(fake, monkeypatch):
     def no_hashing(path: Path) -> str:
         raise AssertionError(f"{path} was hashed again")
 
-    monkeypatch.setattr(models, "file_digest", no_hashing)
+    monkeypatch.setattr(models.bundled, "file_digest", no_hashing)
     assert bundled_file(ALIAS) == (path, sha)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from headscope import analysis, capture, detectors
-from headscope.prompts import load_texts
+from headscope import analyses, capture, detectors
+from headscope.data.prompts import load_texts
 
 
 def collect(loaded, batches):
@@ -32,7 +32,7 @@ def collect(loaded, batches):
 
 
 def toy_batches(loaded, batch_size, texts):
-    sequences, specials = analysis.encode_texts(loaded, load_texts(texts))
+    sequences, specials = analyses.encode_texts(loaded, load_texts(texts))
     return capture.make_batches(
         sequences, specials, batch_size=batch_size, pad_id=0, is_causal=loaded.is_causal
     )
@@ -63,9 +63,9 @@ def test_streaming_leaves_logits_unchanged(toy, toy_eager):
 
 
 def test_scores_identical_between_capture_modes(toy, toy_eager):
-    spec = analysis.RepeatSpec(seq_len=20, n_seqs=6, seed=1)
-    a = analysis.induction(toy, spec, n_resamples=0).table
-    b = analysis.induction(toy_eager, spec, n_resamples=0).table
+    spec = analyses.RepeatSpec(seq_len=20, n_seqs=6, seed=1)
+    a = analyses.induction(toy, spec, n_resamples=0).table
+    b = analyses.induction(toy_eager, spec, n_resamples=0).table
     assert (a.score - b.score).abs().max() < 1e-5
     assert list(a.columns) == list(b.columns)
     assert set(detectors.REGISTRY) >= set(a.detector)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import require_shared
 
-from headscope.conllu import TreebankError, read_conllu
+from headscope.data.conllu import TreebankError, read_conllu
 
 GOOD = """# sent_id = s1
 # text = I don't like cats.
@@ -90,7 +90,7 @@ def test_multiword_tokens_keep_their_surface_form(tmp_path, with_text_line):
 
 def test_words_sharing_a_span_align_to_the_same_tokens(tmp_path):
     """Two words of one multiword token overlap the same tokens; alignment accepts that."""
-    from headscope.align import token_word_maps
+    from headscope.data.align import token_word_maps
 
     (sentence,) = read_conllu(write(tmp_path, SPANISH)).sentences
     spans = [(w.start, w.end) for w in sentence.words]
@@ -176,7 +176,7 @@ def test_empty_file_and_skip_bad(tmp_path):
 
 
 def test_shipped_sets_cover_the_required_relations():
-    from headscope.prompts import builtin
+    from headscope.data.prompts import builtin
 
     required = {"nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark"}
     for name in ("syntax/en.conllu", "syntax/zh.conllu"):

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from headscope.align import AlignmentError, encode_with_spans
-from headscope.compare import read_scan_csv
-from headscope.conllu import read_conllu
+from headscope.data.align import AlignmentError, encode_with_spans
+from headscope.data.conllu import read_conllu
+from headscope.data.prompts import load_coref, load_texts
 from headscope.errors import HeadscopeError
 from headscope.models import bundled_path
-from headscope.prompts import load_coref, load_texts
-from headscope.views import word_spans
+from headscope.outputs.compare import read_scan_csv
+from headscope.outputs.views import word_spans
 
 # The profile loaded in conftest.py (derandomized in CI, "dev" elsewhere) is the parent: these
 # tests set only how many examples they draw and the fixture health check.
@@ -186,7 +186,7 @@ def uncovered_spans(tokenizer, text: str, spans: list[tuple[int, int]]) -> list[
 
     A span is refused when it is empty or outside the text, or when no non-special token's
     character offsets overlap it. Computed here from the offset mapping and the special-tokens
-    mask, not with headscope.align, so that a refusal in the tests below has to be earned.
+    mask, not with headscope.data.align, so that a refusal in the tests below has to be earned.
     """
     encoding = tokenizer(
         text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope import analysis, capture
+from headscope import analyses, capture
 
 
 def full_logits_losses(loaded, batch):
@@ -23,9 +23,9 @@ def chunked_losses(loaded, batches):
 
 
 def test_toy_chunked_losses_equal_full_logits(toy, monkeypatch):
-    sequences, specials, _ = analysis.repeated_tokens(toy, analysis.RepeatSpec(seq_len=20, n_seqs=5))
-    batches = analysis._batches(toy, sequences, specials, 3)
-    monkeypatch.setattr(capture, "_LOGIT_CHUNK_ELEMENTS", 3 * 64 * 7)  # 7 positions per chunk
+    sequences, specials, _ = analyses.repeated_tokens(toy, analyses.RepeatSpec(seq_len=20, n_seqs=5))
+    batches = analyses.model_batches(toy, sequences, specials, 3)
+    monkeypatch.setattr(capture.stream, "_LOGIT_CHUNK_ELEMENTS", 3 * 64 * 7)  # 7 positions per chunk
     for batch, losses in zip(batches, chunked_losses(toy, batches), strict=True):
         assert losses.shape == (batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)
         assert torch.allclose(losses, full_logits_losses(toy, batch), atol=1e-4)
@@ -35,7 +35,7 @@ def test_toy_chunked_losses_equal_full_logits(toy, monkeypatch):
 def test_smollm2_chunked_losses_equal_full_logits(smollm2):
     texts = ["The cat sat on the mat because it was warm.", "小明把书给了小红，因为她想读。"]
     enc = [smollm2.tokenizer(t)["input_ids"] for t in texts]
-    batches = analysis._batches(smollm2, enc, [[False] * len(e) for e in enc], 2)
+    batches = analyses.model_batches(smollm2, enc, [[False] * len(e) for e in enc], 2)
     for batch, losses in zip(batches, chunked_losses(smollm2, batches), strict=True):
         real = batch.attention_mask[:, 1:]
         assert torch.allclose(losses[real], full_logits_losses(smollm2, batch)[real], atol=1e-4)

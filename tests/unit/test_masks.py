@@ -14,7 +14,8 @@ import torch
 from headscope import capture
 from headscope.detectors import create
 from headscope.errors import RunFailure
-from headscope.models import HeadLayout, LoadedModel, _choose_capture
+from headscope.models import HeadLayout, LoadedModel
+from headscope.models.load import _choose_capture
 
 WINDOW = 4
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention"]
@@ -123,7 +124,7 @@ def test_induction_targets_outside_the_window_add_nothing_to_the_baseline():
 def test_chunks_that_straddle_the_window_edge_match_whole_maps(monkeypatch):
     whole = scored(tiny_gemma("stream"), ["sink", "previous-token"], batches())
     # 3 query rows per chunk ([B=3, H=4, c, K<=12]): chunks end before, across and after the window edge.
-    monkeypatch.setattr(capture, "_CHUNK_ELEMENTS", 3 * 4 * LENGTH * 3)
+    monkeypatch.setattr(capture.stream, "_CHUNK_ELEMENTS", 3 * 4 * LENGTH * 3)
     chunked = scored(tiny_gemma("stream"), ["sink", "previous-token"], batches())
     for name in ("sink", "previous-token"):
         assert torch.allclose(chunked[name].scores(), whole[name].scores(), atol=1e-6)
@@ -154,9 +155,11 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
     names = ["previous-token", "sink", "duplicate-token", "induction"]
     eager = scored(tiny_gemma("eager"), names, data)
     calls = []
-    original = capture._first_visible_key
-    monkeypatch.setattr(capture, "_first_visible_key", lambda r, k: calls.append(original(r, k)) or calls[-1])
-    monkeypatch.setattr(capture, "_CHUNK_ELEMENTS", 2 * 4 * 40 * 5)
+    original = capture.stream._first_visible_key
+    monkeypatch.setattr(
+        capture.stream, "_first_visible_key", lambda r, k: calls.append(original(r, k)) or calls[-1]
+    )
+    monkeypatch.setattr(capture.stream, "_CHUNK_ELEMENTS", 2 * 4 * 40 * 5)
     stream = scored(tiny_gemma("stream"), names, data)
     assert max(calls) > 0  # keys before the window really were skipped
     for name in names:
@@ -167,7 +170,7 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
 def test_info_names_local_and_global_layers():
     from transformers import Gemma3TextConfig, LlamaConfig
 
-    from headscope.views import layer_attention
+    from headscope.outputs.views import layer_attention
 
     types = ["sliding_attention"] * 5 + ["full_attention"]
     gemma = Gemma3TextConfig(num_hidden_layers=18, sliding_window=512, layer_types=types * 3)

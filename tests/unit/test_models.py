@@ -29,7 +29,7 @@ def test_streaming_capture_expands_kv_heads_like_transformers():
     import torch
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    from headscope.capture import _repeat_kv
+    from headscope.capture.stream import _repeat_kv
 
     states = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0))
     for n_rep in (1, 3):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from headscope.data.prompts import builtin, configs_dir, load_texts
 from headscope.errors import PromptSetError
-from headscope.prompts import builtin, configs_dir, load_texts
 
 
 def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
@@ -89,7 +89,7 @@ items:
 
 
 def test_coref_set_loads_and_shipped_sets_are_big_enough():
-    from headscope.prompts import load_coref
+    from headscope.data.prompts import load_coref
 
     for name in ("coref/en.yaml", "coref/zh.yaml"):
         coref_set = load_coref(builtin(name))
@@ -118,7 +118,7 @@ def test_coref_set_loads_and_shipped_sets_are_big_enough():
     ],
 )
 def test_malformed_coref_sets(tmp_path, replace, message):
-    from headscope.prompts import load_coref
+    from headscope.data.prompts import load_coref
 
     bad = COREF_OK.replace(*replace)
     with pytest.raises(PromptSetError, match=message):

@@ -10,10 +10,10 @@ import torch
 from headscope.capture import make_batches
 from headscope.detectors import create
 from headscope.models import HeadLayout
-from headscope.report import table_csv
-from headscope.results import head_table, uncertainty_notes
-from headscope.roles import RoleRule, assign_roles, head_roles
-from headscope.stats import benjamini_hochberg, one_sided_p
+from headscope.outputs.report import table_csv
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles, head_roles
+from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
 
 LAYOUT = HeadLayout(n_layers=2, n_heads=3, n_kv_heads=3, head_dim=4, d_model=12, max_positions=None)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headscope.errors import InputError
-from headscope.stats import (
+from headscope.verdicts.stats import (
     MIN_EXAMPLES,
     MIN_RESAMPLES,
     bootstrap_ratio,

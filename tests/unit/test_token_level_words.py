@@ -7,12 +7,12 @@ import dataclasses
 
 import torch
 
-from headscope import analysis
-from headscope.align import precedes, share_a_token, token_word_maps
+from headscope import analyses
 from headscope.capture import make_batches
+from headscope.data.align import precedes, share_a_token, token_word_maps
+from headscope.data.prompts import CorefItem, CorefSet
 from headscope.detectors.words import WordLevelDetector
 from headscope.models import HeadLayout
-from headscope.prompts import CorefItem, CorefSet
 
 LAYOUT = HeadLayout(n_layers=1, n_heads=1, n_kv_heads=1, head_dim=4, d_model=4, max_positions=None)
 
@@ -74,7 +74,7 @@ def test_coref_leaves_out_a_candidate_merged_into_the_pronoun(toy):
     ]
     # Here t3 and the pronoun are one token "t3t5": t3 would receive the pronoun's self-attention.
     items.append(CorefItem("glued", "t1 t2 t3t5 t6", (8, 10), ((0, 2), (6, 8)), 1, source="x:7"))
-    report = analysis.coref(loaded, CorefSet("glue", items, "glue.yaml"), n_resamples=200)
+    report = analyses.coref(loaded, CorefSet("glue", items, "glue.yaml"), n_resamples=200)
     assert report.sections[0].n == 6
     assert any(
         "excluded 1 examples in which a candidate shares a token with the pronoun" in n for n in report.notes

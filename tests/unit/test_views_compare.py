@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from headscope.compare import CompareInputError, compare, read_scan_csv
 from headscope.errors import InputError
-from headscope.views import font_for, parse_heads, split_marked, word_spans
+from headscope.outputs.compare import CompareInputError, compare, read_scan_csv
+from headscope.outputs.views import font_for, parse_heads, split_marked, word_spans
 
 
 def words(text: str) -> list[str]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .base import Detector, DetectorResult
-from .coref import CorefDetector
-from .induction import DuplicateTokenDetector, InductionDetector
-from .positional import PreviousTokenDetector, SinkDetector
-from .syntax import SyntaxDetector
+from headscope.detectors.base import Detector, DetectorResult
+from headscope.detectors.coref import CorefDetector
+from headscope.detectors.induction import DuplicateTokenDetector, InductionDetector
+from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
+from headscope.detectors.syntax import SyntaxDetector
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.name: cls
@@ -23,7 +23,7 @@ REGISTRY: dict[str, type[Detector]] = {
 
 def create(names: list[str] | None = None) -> list[Detector]:
     """Instantiate detectors by name (all registered ones when ``names`` is None)."""
-    from ..errors import InputError
+    from headscope.errors import InputError
 
     chosen = list(REGISTRY) if names is None else names
     unknown = [n for n in chosen if n not in REGISTRY]

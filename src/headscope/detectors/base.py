@@ -26,8 +26,8 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..capture import Batch
-from ..models import HeadLayout
+from headscope.capture import Batch
+from headscope.models import HeadLayout
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits"]
 Source = Literal["text", "repeated-tokens", "treebank", "coref"]

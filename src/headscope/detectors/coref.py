@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import Batch
-from .base import DetectorResult
-from .words import WordLevelDetector
+from headscope.capture import Batch
+from headscope.detectors.base import DetectorResult
+from headscope.detectors.words import WordLevelDetector
 
 
 class CorefDetector(WordLevelDetector):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import Batch
-from .base import Detector
+from headscope.capture import Batch
+from headscope.detectors.base import Detector
 
 
 class PreviousTokenDetector(Detector):

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..capture import Batch
-from ..models import HeadLayout
-from .base import DetectorResult
-from .words import WordLevelDetector, word_maps
+from headscope.capture import Batch
+from headscope.detectors.base import DetectorResult
+from headscope.detectors.words import WordLevelDetector, word_maps
+from headscope.models import HeadLayout
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_RELATIONS = ("nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark")

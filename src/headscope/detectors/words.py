@@ -11,9 +11,9 @@ from abc import abstractmethod
 
 import torch
 
-from ..align import pad_maps, word_attention
-from ..capture import Batch
-from .base import Detector
+from headscope.capture import Batch
+from headscope.data.align import pad_maps, word_attention
+from headscope.detectors.base import Detector
 
 
 def word_maps(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

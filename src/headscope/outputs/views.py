@@ -18,11 +18,11 @@ from rich.console import Group, RenderableType
 from rich.style import Style
 from rich.text import Text
 
-from . import capture
-from .align import AlignmentError, encode_with_offsets, token_word_maps, word_attention
-from .analysis import check_context
-from .errors import InputError
-from .models import LoadedModel
+from headscope import capture
+from headscope.analyses import check_context
+from headscope.data.align import AlignmentError, encode_with_offsets, token_word_maps, word_attention
+from headscope.errors import InputError
+from headscope.models import LoadedModel
 
 # ----------------------------------------------------------------------------- the model's layout
 

@@ -18,10 +18,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .ablation import AblationResult, LossEstimate
-from .analysis import Report, Section
-from .detectors.syntax import RELATION_NAMES
-from .errors import OutputError
+from headscope.analyses import Report, Section
+from headscope.analyses.ablation import AblationResult, LossEstimate
+from headscope.detectors.syntax import RELATION_NAMES
+from headscope.errors import OutputError
 
 
 def check_writable(path: str | Path, option: str = "--csv", force: bool = False) -> Path:
@@ -127,8 +127,8 @@ def _section_json(section: Section) -> dict[str, Any]:
 
 def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report: the CSV rows plus what the tables say around them."""
-    from . import __version__
-    from .results import CSV_COLUMNS
+    from headscope import __version__
+    from headscope.verdicts.results import CSV_COLUMNS
 
     out: dict[str, Any] = {
         "headscope": __version__,
@@ -151,13 +151,13 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
 
 
 def roles_records(report: Report) -> list[dict[str, Any]]:
-    from .roles import ROLES_CSV_COLUMNS, head_roles
+    from headscope.verdicts.roles import ROLES_CSV_COLUMNS, head_roles
 
     return records(head_roles(report.table)[ROLES_CSV_COLUMNS])
 
 
 def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
-    from .results import CSV_COLUMNS
+    from headscope.verdicts.results import CSV_COLUMNS
 
     return table[columns or CSV_COLUMNS].to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
@@ -378,7 +378,7 @@ ROLE_STYLES = {"prev": "cyan", "dup": "magenta", "ind": "bold red", "sink": "dim
 
 def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     """Layers × heads grid, each head labelled with its strongest role, then a legend."""
-    from .roles import head_roles
+    from headscope.verdicts.roles import head_roles
 
     heads = head_roles(report.table)
     n_layers = int(heads.layer.max()) + 1
@@ -410,7 +410,7 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
 
 
 def roles_csv(report: Report) -> str:
-    from .roles import ROLES_CSV_COLUMNS, head_roles
+    from headscope.verdicts.roles import ROLES_CSV_COLUMNS, head_roles
 
     return table_csv(head_roles(report.table), ROLES_CSV_COLUMNS)
 

@@ -39,7 +39,7 @@ def interval_unavailable_reason(n_examples: int, n_resamples: int) -> str | None
 
 def check_resamples(n_resamples: int) -> None:
     """Refuse a resample count between 1 and the floor (0 means: no intervals)."""
-    from .errors import InputError
+    from headscope.errors import InputError
 
     if n_resamples < 0 or 0 < n_resamples < MIN_RESAMPLES:
         raise InputError(

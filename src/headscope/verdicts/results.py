@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .detectors.base import DetectorResult
-from .models import HeadLayout
-from .stats import bootstrap_ratio, interval_unavailable_reason
+from headscope.detectors.base import DetectorResult
+from headscope.models import HeadLayout
+from headscope.verdicts.stats import bootstrap_ratio, interval_unavailable_reason
 
 CSV_COLUMNS = [
     "model",

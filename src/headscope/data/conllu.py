@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import PromptSetError
+from headscope.errors import PromptSetError
 
 
 class TreebankError(PromptSetError):
@@ -242,7 +242,7 @@ def _parse_sentence(path: Path, first_line: int, block: list[tuple[int, str]]) -
 
 def read_conllu(path: str | Path, *, skip_bad: bool = False, limit: int | None = None) -> Treebank:
     """Read a CoNLL-U file. Raises TreebankError on the first problem unless ``skip_bad``."""
-    from .prompts import _read_text
+    from headscope.data.prompts import _read_text
 
     path = Path(path)
     text = _read_text(path)  # missing, directory, binary, encoding and empty-file errors

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .stats import benjamini_hochberg, one_sided_p
+from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
 
 DETECTOR_LABELS = {
     "previous-token": "prev",

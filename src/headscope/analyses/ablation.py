@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
-from . import capture
-from .analysis import CopyLossMeter, ProgressFactory, RepeatSpec, _batches, repeated_tokens
-from .errors import InputError
-from .models import HeadLayout, LoadedModel
-from .stats import bootstrap_ratio_ci
+from headscope import capture
+from headscope.analyses.base import ProgressFactory, RepeatSpec, model_batches, repeated_tokens
+from headscope.analyses.induction import CopyLossMeter
+from headscope.errors import InputError
+from headscope.models import HeadLayout, LoadedModel
+from headscope.verdicts.stats import bootstrap_ratio_ci
 
 Head = tuple[int, int]
 
@@ -135,7 +136,7 @@ def ablate(
     if draws < 1:
         raise InputError(f"--draws must be at least 1, got {draws}")
     sequences, specials, offset = repeated_tokens(loaded, spec)
-    batches = _batches(loaded, sequences, specials, batch_size)
+    batches = model_batches(loaded, sequences, specials, batch_size)
     n = len(sequences)
     rng = random.Random(spec.seed)
     random_heads = [random_control(top_heads, loaded.layout, rng) for _ in range(draws)]

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .errors import PromptSetError
+from headscope.errors import PromptSetError
 
 TEXT_ITEM_KEYS = {"id", "lang", "text"}
 
@@ -48,7 +48,7 @@ def configs_dir() -> Path:
     packaged = resources.files("headscope") / "configs"
     if packaged.is_dir():
         return Path(str(packaged))
-    checkout = Path(__file__).resolve().parents[2] / "configs"
+    checkout = Path(__file__).resolve().parents[3] / "configs"
     if checkout.is_dir():
         return checkout
     raise PromptSetError("the shipped prompt sets (configs/) are missing from this installation")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .errors import InputError
+from headscope.errors import InputError
 
 Span = tuple[int, int]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import InputError
-from .prompts import display_path
+from headscope.data.prompts import display_path
+from headscope.errors import InputError
 
 REQUIRED = ["model", "detector", "relation", "direction", "layer", "head", "score"]
 OPTIONAL = ["kv_group", "baseline", "ci_low", "ci_high", "n", "rank", "role", "data"]

@@ -1,0 +1,98 @@
+"""``induction``: the repeated-random-tokens protocol, with the loss on each copy."""
+
+from __future__ import annotations
+
+import torch
+
+from headscope import capture, detectors
+from headscope.errors import InputError
+from headscope.models import LoadedModel
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import assign_roles
+from headscope.verdicts.stats import check_resamples
+
+from .base import (
+    CopyLoss,
+    ProgressFactory,
+    RepeatSpec,
+    Report,
+    _repeat_description,
+    _sections,
+    model_batches,
+    repeated_tokens,
+    score_batches,
+)
+
+
+class CopyLossMeter:
+    """Accumulates next-token loss by copy index from each batch's [B, T-1] token losses.
+
+    Also keeps, per example, the loss summed over the later copies and its token count, so that
+    the later-copy loss can be bootstrapped over sequences.
+    """
+
+    def __init__(self, offset: int, seq_len: int, repeats: int, n_examples: int) -> None:
+        self.offset, self.seq_len, self.repeats = offset, seq_len, repeats
+        self.loss_sum = torch.zeros(repeats, dtype=torch.float64)
+        self.tokens = torch.zeros(repeats, dtype=torch.long)
+        self.later_sum = torch.zeros(n_examples, dtype=torch.float64)
+        self.later_tokens = torch.zeros(n_examples, dtype=torch.float64)
+
+    def __call__(self, token_losses: torch.Tensor, batch: capture.Batch) -> None:
+        losses = token_losses.cpu()  # [B, T-1]: loss of predicting token t+1
+        positions = torch.arange(1, batch.input_ids.shape[1])
+        copy_index = (positions - self.offset).div(self.seq_len, rounding_mode="floor")
+        in_body = (positions >= self.offset) & (copy_index < self.repeats)
+        for copy in range(self.repeats):
+            mask = in_body & (copy_index == copy)
+            self.loss_sum[copy] += losses[:, mask].double().sum()
+            self.tokens[copy] += int(mask.sum()) * losses.shape[0]
+        later = in_body & (copy_index >= 1)
+        rows = batch.example_index
+        self.later_sum[rows] += losses[:, later].double().sum(1)
+        self.later_tokens[rows] += float(later.sum())
+
+    def result(self) -> CopyLoss:
+        per_copy = (self.loss_sum / self.tokens.clamp(min=1)).tolist()
+        return CopyLoss(per_copy, self.tokens.tolist())
+
+
+def induction(
+    loaded: LoadedModel,
+    spec: RepeatSpec,
+    *,
+    batch_size: int = 16,
+    n_resamples: int = 1000,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """The repeated-random-tokens protocol: induction and duplicate-token heads plus loss by copy."""
+    spec.validate()
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
+    sequences, specials, offset = repeated_tokens(loaded, spec)
+    batches = model_batches(loaded, sequences, specials, batch_size)
+    chosen = detectors.create(["induction", "duplicate-token"])
+    meter = None
+    notes = []
+    if loaded.is_causal and loaded.has_lm_head:
+        meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, len(sequences))
+    else:
+        notes.append("loss by copy not reported: the model is not a causal language model with an LM head")
+    results = score_batches(
+        loaded, batches, chosen, len(sequences), "repeated-tokens", on_token_loss=meter, progress=progress
+    )
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=spec.seed)
+    )
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, {"repeated-tokens": _repeat_description(spec)}),
+        loaded.capture_mode,
+        loss=meter.result() if meter else None,
+        notes=notes + uncertainty_notes(results, n_resamples),
+        results=results,
+        inputs={"repeated-tokens": batches},
+        repeat=(spec, offset),
+    )

@@ -1,0 +1,126 @@
+"""``scan``: every detector on the data it is defined on, and the head-role map."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from headscope import capture
+from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
+from headscope.detectors.base import DetectorResult
+from headscope.errors import InputError
+from headscope.models import LoadedModel
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import check_resamples
+
+from .base import (
+    ProgressFactory,
+    RepeatSpec,
+    Report,
+    _detectors_for,
+    _repeat_description,
+    _sections,
+    encode_texts,
+    model_batches,
+    repeated_tokens,
+    score_batches,
+)
+from .coref import coref
+from .syntax import syntax
+
+DEFAULT_TEXT_SET = "text/natural.yaml"
+
+
+DEFAULT_TREEBANKS = ("syntax/en.conllu", "syntax/zh.conllu")
+
+
+DEFAULT_COREF_SETS = ("coref/en.yaml", "coref/zh.yaml")
+
+
+def scan(
+    loaded: LoadedModel,
+    *,
+    text_set: str | Path | PromptSet | None = None,
+    repeat: RepeatSpec | None = None,
+    detector_names: Sequence[str] | None = None,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    role_rule: RoleRule | None = None,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Run every detector on the data it is defined on.
+
+    Position detectors (previous-token, sink) read natural text; token-identity detectors
+    (duplicate-token, induction) read repeated random tokens, where the right answer is known;
+    syntax and coreference read the shipped annotated English and Chinese sets.
+    """
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
+    repeat = repeat or RepeatSpec(seed=seed)
+    if not isinstance(text_set, PromptSet):
+        text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
+    prompt_set = text_set
+    results: list[DetectorResult] = []
+    descriptions: dict[str, str] = {}
+    notes: list[str] = []
+    inputs: dict[str, list[capture.Batch]] = {}
+    repeat_info: tuple[RepeatSpec, int] | None = None
+
+    text_detectors = _detectors_for("text", detector_names)
+    if text_detectors:
+        sequences, specials = encode_texts(loaded, prompt_set)
+        batches = model_batches(loaded, sequences, specials, batch_size)
+        descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
+        inputs[prompt_set.name] = batches
+        results += score_batches(
+            loaded, batches, text_detectors, len(sequences), prompt_set.name, progress=progress
+        )
+
+    token_detectors = _detectors_for("repeated-tokens", detector_names)
+    if token_detectors:
+        sequences, specials, offset = repeated_tokens(loaded, repeat)
+        batches = model_batches(loaded, sequences, specials, batch_size)
+        descriptions["repeated-tokens"] = _repeat_description(repeat)
+        inputs["repeated-tokens"] = batches
+        repeat_info = (repeat, offset)
+        results += score_batches(
+            loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
+        )
+
+    for source, names, score_set in (
+        ("treebank", DEFAULT_TREEBANKS, syntax),
+        ("coref", DEFAULT_COREF_SETS, coref),
+    ):
+        if not _detectors_for(source, detector_names):
+            continue
+        for name in names:
+            try:
+                part = score_set(
+                    loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress
+                )
+            except InputError as exc:
+                # A shipped set this model's tokenizer cannot align (every arc inside one token,
+                # say) is reported and left out; it does not stop the rest of the scan.
+                notes.append(f"{name}: not scored: {exc}")
+                continue
+            results += part.results
+            descriptions.update({s.data: s.description for s in part.sections})
+            notes += part.notes
+            inputs.update(part.inputs)
+
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
+    )
+    return Report(
+        loaded.name,
+        table,
+        _sections(results, descriptions),
+        loaded.capture_mode,
+        notes=notes + uncertainty_notes(results, n_resamples),
+        results=results,
+        inputs=inputs,
+        repeat=repeat_info,
+    )

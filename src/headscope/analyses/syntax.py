@@ -1,0 +1,101 @@
+"""``syntax``: syntactic heads scored on a CoNLL-U treebank."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from headscope.data.align import AlignmentError, encode_with_spans, share_a_token
+from headscope.data.conllu import Treebank, read_conllu
+from headscope.data.prompts import display_path
+from headscope.detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
+from headscope.errors import InputError
+from headscope.models import LoadedModel
+from headscope.verdicts.stats import check_resamples
+
+from .base import ProgressFactory, Report, _prompt_set_report, model_batches, score_batches
+
+
+def check_relations(treebank: Treebank, relations: Sequence[str] | None) -> list[str]:
+    """The relations to score: the asked-for ones (each must occur), or the defaults that occur."""
+    wanted = list(relations) if relations else list(DEFAULT_RELATIONS)
+    present = {w.deprel for s in treebank.sentences for w in s.words if w.head >= 0}
+    missing = [r for r in wanted if r not in present]
+    if relations and missing:
+        raise InputError(
+            f"--relations: {', '.join(missing)} not found in {display_path(treebank.path)}",
+            hint=f"relations there: {', '.join(sorted(present))}",
+        )
+    return [r for r in wanted if r in present]
+
+
+def syntax(
+    loaded: LoadedModel,
+    treebank: str | Path | Treebank,
+    *,
+    relations: Sequence[str] | None = None,
+    limit: int | None = None,
+    skip_bad: bool = False,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Score every head on every (relation, direction) of a CoNLL-U treebank."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    check_resamples(n_resamples)
+    if not isinstance(treebank, Treebank):
+        treebank = read_conllu(treebank, skip_bad=skip_bad, limit=limit)
+    wanted = check_relations(treebank, relations)
+    sequences, specials, metas = [], [], []
+    too_long = unaligned = merged = 0
+    for sentence in treebank.sentences:
+        arcs = sentence.arcs(set(wanted))
+        if not arcs:
+            continue
+        try:
+            ids, special, to_word, from_word = encode_with_spans(
+                loaded.tokenizer, sentence.text, [(w.start, w.end) for w in sentence.words]
+            )
+        except AlignmentError:
+            unaligned += 1
+            continue
+        if loaded.max_positions is not None and len(ids) > loaded.max_positions:
+            too_long += 1
+            continue
+        # An arc whose two words share a token cannot be told from that token's self-attention.
+        kept = [arc for arc in arcs if not share_a_token(from_word, arc[0], arc[1])]
+        merged += len(arcs) - len(kept)
+        arcs = kept
+        if not arcs:
+            continue
+        sequences.append(ids)
+        specials.append(special)
+        metas.append({"to_word": to_word, "from_word": from_word, "arcs": arcs, "id": sentence.id})
+    notes = []
+    if treebank.skipped:
+        notes.append(f"{treebank.name}: skipped {len(treebank.skipped)} malformed sentences (--skip-bad)")
+    if too_long:
+        notes.append(f"{treebank.name}: skipped {too_long} sentences longer than the model's context")
+    if unaligned:
+        notes.append(f"{treebank.name}: skipped {unaligned} sentences whose words no token covers")
+    if merged:
+        notes.append(
+            f"{treebank.name}: skipped {merged} arcs whose dependent and head share a token "
+            "(one token covers both words, so its self-attention cannot be told from attention between them)"
+        )
+    if not sequences:
+        raise InputError(f"{treebank.path}: no sentence has arcs of the chosen relations that can be scored")
+    batches = model_batches(loaded, sequences, specials, batch_size, metas)
+    detector = SyntaxDetector(wanted)
+    data_name = f"syntax-{treebank.name}"
+    results = score_batches(loaded, batches, [detector], len(sequences), data_name, progress=progress)
+    unscored = detector.unscored()
+    if unscored:
+        notes.append(
+            f"{data_name}: not scored, because the target word always comes later and a causal model "
+            f"cannot see it: {', '.join(f'{r} {d}' for r, d in unscored)}"
+        )
+    description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
+    return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)

@@ -1,0 +1,1 @@
+"""Data: prompt sets, CoNLL-U treebanks, and token <-> word alignment."""

@@ -1,0 +1,154 @@
+"""GGUF files: dequantized once, cached as float32 safetensors keyed by the file's hash."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headscope.errors import ModelLoadError
+
+from .bundled import cache_root, file_digest, log
+from .spec import ResolvedSpec
+
+# Bumped whenever what a GGUF cache entry holds changes; an entry with another format is rebuilt.
+GGUF_CACHE_FORMAT = 1
+
+
+_GGUF_CACHE_MARKER = "headscope.json"
+
+
+def _gguf_cache_dir(gguf_path: Path, digest: str | None = None) -> Path:
+    return cache_root() / "gguf" / (digest or file_digest(gguf_path))[:32]
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    """The tensor dtypes named in a safetensors header (8-byte length, then JSON); reads no tensor data."""
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if not 2 <= length <= 100 * 2**20:
+            raise ValueError(f"{path} has no safetensors header")
+        header = json.loads(handle.read(length))
+    return {entry["dtype"] for key, entry in header.items() if key != "__metadata__"}
+
+
+def gguf_cache_is_valid(entry: Path) -> bool:
+    """True when a cache entry holds this format's float32 weights.
+
+    Entries written before the marker existed stored the weights in whatever dtype that run asked
+    for (a ``--dtype bfloat16`` run left bf16-rounded weights behind), so they are not trusted.
+    """
+    try:
+        marker = json.loads((entry / _GGUF_CACHE_MARKER).read_text(encoding="utf-8"))
+        if marker != {"format": GGUF_CACHE_FORMAT, "dtype": "float32"}:
+            return False
+        if not (entry / "config.json").is_file():
+            return False
+        return _safetensors_dtypes(entry / "model.safetensors") == {"F32"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _load_gguf(
+    resolved: ResolvedSpec, dtype: Any, use_cache: bool, placement: dict[str, Any]
+) -> tuple[Any, Any, str]:
+    """Dequantize a GGUF once and keep the float32 result as safetensors, keyed by the file's content hash.
+
+    The cache always holds float32, whatever ``dtype`` this run asks for; the requested dtype is
+    applied when loading from the cache, so a cold and a warm run give the same weights.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(resolved.location) / str(resolved.gguf_file)
+    cached = _gguf_cache_dir(gguf_path, resolved.sha256) if use_cache else None
+
+    def from_cache() -> tuple[Any, Any]:
+        tok = AutoTokenizer.from_pretrained(cached)
+        model = AutoModelForCausalLM.from_pretrained(
+            cached, attn_implementation="eager", dtype=dtype, **placement
+        )
+        return model, tok
+
+    if cached is not None and cached.exists():
+        if gguf_cache_is_valid(cached):
+            try:
+                model, tok = from_cache()
+                return model, tok, f"{gguf_path} (dequantized cache {cached})"
+            except Exception as exc:  # a damaged cache entry is rebuilt, not fatal
+                log.warning("ignoring unreadable GGUF cache %s: %s", cached, exc)
+        else:
+            log.info("rebuilding GGUF cache %s: written by an older headscope or in another dtype", cached)
+        shutil.rmtree(cached, ignore_errors=True)
+    load_dtype = torch.float32 if cached is not None else dtype
+    try:
+        tok = AutoTokenizer.from_pretrained(resolved.location, gguf_file=resolved.gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved.location,
+            gguf_file=resolved.gguf_file,
+            attn_implementation="eager",
+            dtype=load_dtype,
+            **placement,
+        )
+    except ImportError as exc:
+        raise ModelLoadError(f"cannot read {gguf_path}: {exc}", hint="pip install gguf accelerate") from exc
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot read GGUF file {gguf_path}: {type(exc).__name__}: {exc}",
+            hint="is the file complete and a model architecture that transformers supports?",
+        ) from exc
+    if cached is None or load_dtype == dtype:
+        if cached is not None:
+            _write_gguf_cache(model, tok, cached)
+        return model, tok, str(gguf_path)
+    # Another dtype: write float32, then load the cache entry exactly as a warm run would.
+    if _write_gguf_cache(model, tok, cached):
+        del model
+        try:
+            model, tok = from_cache()
+            return model, tok, str(gguf_path)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot reload the dequantized cache {cached}: {exc}") from exc
+    return model.to(dtype), tok, str(gguf_path)
+
+
+def _write_gguf_cache(model: Any, tokenizer: Any, target: Path) -> bool:
+    """Save the dequantized float32 weights as a plain HF folder; return whether the entry exists.
+
+    ``save_pretrained`` refuses GGUF-quantized models, so the config (minus its GGUF
+    quantization entry) and the tensors are written directly. The folder is staged under a
+    temporary name and renamed, so a crash never leaves half a cache entry. ``headscope.json``
+    marks the entry as this format's float32 weights.
+    """
+    import copy
+
+    import torch
+    from safetensors.torch import save_model
+
+    dtypes = {parameter.dtype for parameter in model.parameters()}
+    if dtypes != {torch.float32}:  # a programming error, never a user's: refuse to poison the cache
+        raise ModelLoadError(f"refusing to cache GGUF weights in {dtypes}; the cache holds float32")
+    staging: Path | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(staging)
+        marker = {"format": GGUF_CACHE_FORMAT, "dtype": "float32"}
+        (staging / _GGUF_CACHE_MARKER).write_text(json.dumps(marker), encoding="utf-8")
+        os.replace(staging, target)
+        return True
+    except OSError as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if gguf_cache_is_valid(target):  # another process wrote the same entry first
+            return True
+        log.warning("could not cache the dequantized GGUF under %s: %s", target, exc)
+        return False

@@ -1,0 +1,145 @@
+"""Load a resolved model for head analysis, with the streaming attention function where it can."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from headscope.errors import InputError, ModelLoadError, ModelNotFoundError
+
+from .bundled import BUNDLED, DEFAULT_MODEL, log
+from .gguf import _load_gguf
+from .layout import DeviceName, DtypeName, HeadLayout, LoadedModel
+from .spec import ResolvedSpec, resolve
+
+
+def _resolve_dtype(name: DtypeName) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _resolve_device(name: DeviceName) -> str:
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "--device cuda was asked for, but torch sees no CUDA device", hint="use --device cpu"
+        )
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise InputError("--device mps was asked for, but MPS is not available", hint="use --device cpu")
+    return name
+
+
+def is_causal_config(config: Any) -> bool:
+    """Decoder-only language models attend causally; encoders (BERT and kin) do not."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(
+            f"{config.model_type} is an encoder-decoder model; headscope reads self-attention models "
+            "(decoder-only LMs and encoders)"
+        )
+    if getattr(config, "is_decoder", False):
+        return True
+    return (
+        config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+def _load_hf(resolved: ResolvedSpec, dtype: Any, placement: dict[str, Any]) -> tuple[Any, Any, str]:
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    local_only = resolved.kind == "dir" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        config = AutoConfig.from_pretrained(resolved.location, local_files_only=local_only)
+    except OSError as exc:
+        if resolved.kind == "hub":
+            raise ModelNotFoundError(
+                f"model '{resolved.location}' is not a local folder and is not in the Hugging Face cache",
+                hint=f"download it first, or pass a local path or one of the aliases: {', '.join(BUNDLED)}",
+            ) from exc
+        raise ModelLoadError(f"cannot read config of {resolved.location}: {exc}") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{resolved.location}: {exc}") from exc
+    causal = is_causal_config(config)
+    loader = AutoModelForCausalLM if causal else AutoModel
+    try:
+        tok = AutoTokenizer.from_pretrained(resolved.location, local_files_only=local_only)
+        model = loader.from_pretrained(
+            resolved.location,
+            attn_implementation="eager",
+            dtype=dtype,
+            local_files_only=local_only,
+            **placement,
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load {resolved.location}: {type(exc).__name__}: {exc}") from exc
+    return model, tok, resolved.location
+
+
+def load(
+    spec: str = DEFAULT_MODEL,
+    device: DeviceName = "cpu",
+    dtype: DtypeName = "float32",
+    capture: Literal["auto", "stream", "eager"] = "auto",
+    use_cache: bool = True,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load a model for head analyses. Nothing is fetched from a hub unless the caller allows it.
+
+    ``device_map="auto"`` hands placement to accelerate, which spreads a model that is larger than
+    one device over several GPUs and CPU memory; ``device`` is then ignored.
+    """
+    resolved = resolve(spec)
+    torch_dtype = _resolve_dtype(dtype)
+    if device_map not in (None, "auto"):
+        raise InputError(f"--device-map must be 'auto', got {device_map!r}")
+    placement: dict[str, Any] = {"device_map": device_map} if device_map else {}
+    device_name = _resolve_device(device) if not device_map else None
+    if resolved.kind == "gguf":
+        model, tokenizer, source = _load_gguf(resolved, torch_dtype, use_cache, placement)
+    else:
+        model, tokenizer, source = _load_hf(resolved, torch_dtype, placement)
+    model.eval()
+    if device_name is not None:
+        model.to(device_name)
+    causal = is_causal_config(model.config)
+    layout = HeadLayout.from_config(model.config, tokenizer)
+    mode = _choose_capture(model, capture)
+    name = resolved.alias or (resolved.gguf_file or Path(resolved.location).name)
+    return LoadedModel(name, model, tokenizer, layout, causal, mode, source)
+
+
+def _choose_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
+    from headscope.capture import STREAM_IMPLEMENTATION, register_streaming_attention
+
+    if capture == "eager":
+        return "eager"
+    can_stream = getattr(model, "_can_set_attn_implementation", lambda: False)()
+    if not can_stream:
+        if capture == "stream":
+            raise ModelLoadError(
+                f"{type(model).__name__} does not route attention through transformers' AttentionInterface",
+                hint="use --capture eager",
+            )
+        log.warning(
+            "%s does not route attention through AttentionInterface; falling back to eager "
+            "output_attentions (all layers' maps are kept until the end of each batch)",
+            type(model).__name__,
+        )
+        return "eager"
+    register_streaming_attention()
+    model.set_attn_implementation(STREAM_IMPLEMENTATION)
+    return "stream"

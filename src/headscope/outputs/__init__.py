@@ -1,0 +1,1 @@
+"""Outputs: terminal tables, CSV/JSON, views (heatmaps), compare."""

@@ -1,0 +1,1 @@
+"""Verdicts: bootstrap intervals, the tidy results table, and the head-role rule."""
