@@ -170,7 +170,7 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
 def test_info_names_local_and_global_layers():
     from transformers import Gemma3TextConfig, LlamaConfig
 
-    from headscope.outputs.views import layer_attention
+    from headscope.models.layout import layer_attention
 
     types = ["sliding_attention"] * 5 + ["full_attention"]
     gemma = Gemma3TextConfig(num_hidden_layers=18, sliding_window=512, layer_types=types * 3)

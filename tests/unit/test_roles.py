@@ -135,3 +135,26 @@ def test_no_resamples_means_no_intervals_and_no_roles():
     header = csv_rows[0].split(",")
     first = dict(zip(header, csv_rows[1].split(","), strict=True))
     assert first["ci_low"] == "" and first["ci_high"] == ""
+
+
+def test_role_map_marks_global_layers_where_some_layers_are_local():
+    import dataclasses
+
+    from rich.console import Console
+
+    from headscope.analyses import Report
+    from headscope.outputs.report import print_role_map, report_json
+
+    table = assign_roles(head_table(planted_previous_token_results(), LAYOUT, "synthetic", seed=1))
+    windowed = dataclasses.replace(LAYOUT, local_layers=(0,), window=4)
+    console = Console(record=True, width=100, color_system=None)
+    print_role_map(Report("synthetic", table, [], "stream", layout=windowed), console, "rule")
+    text = console.export_text()
+    assert "L1 G" in text and "L0 G" not in text
+    assert "G: global attention layer; the others attend within a sliding window of 4 tokens" in text
+    data = report_json(Report("synthetic", table, [], "stream", layout=windowed), "test")
+    assert data["layers"] == {"local": [0], "global": [1], "window": 4}
+    # A model whose layers all attend globally gets no marks.
+    console = Console(record=True, width=100, color_system=None)
+    print_role_map(Report("synthetic", table, [], "stream", layout=LAYOUT), console, "rule")
+    assert " G" not in console.export_text()

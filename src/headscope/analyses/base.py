@@ -12,7 +12,7 @@ from headscope import capture, detectors
 from headscope.data.prompts import PromptSet
 from headscope.detectors.base import Detector, DetectorResult
 from headscope.errors import InputError
-from headscope.models import LoadedModel
+from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 
@@ -93,6 +93,7 @@ class Report:
     # What each data name was scored on, kept for `--verify` (batches, and the repeat protocol).
     inputs: dict[str, list[capture.Batch]] = field(default_factory=dict, repr=False)
     repeat: tuple[RepeatSpec, int] | None = None  # (spec, offset of copy 0)
+    layout: HeadLayout | None = None  # the role map marks global layers where layers differ
 
 
 def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
@@ -265,4 +266,5 @@ def _prompt_set_report(
         notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
         inputs={data_name: batches},
+        layout=loaded.layout,
     )

@@ -95,4 +95,5 @@ def induction(
         results=results,
         inputs={"repeated-tokens": batches},
         repeat=(spec, offset),
+        layout=loaded.layout,
     )

@@ -123,4 +123,5 @@ def scan(
         results=results,
         inputs=inputs,
         repeat=repeat_info,
+        layout=loaded.layout,
     )

@@ -23,6 +23,13 @@ class HeadLayout:
     head_dim: int
     d_model: int
     max_positions: int | None
+    # Layers that attend within a sliding window (Gemma 2/3, Mistral-style configs), and its size.
+    local_layers: tuple[int, ...] = ()
+    window: int | None = None
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if i not in self.local_layers)
 
     @property
     def group_size(self) -> int:
@@ -47,7 +54,11 @@ class HeadLayout:
             max_pos = tokenizer.model_max_length
         if n_heads % n_kv:
             raise ModelLoadError(f"{n_heads} query heads do not divide into {n_kv} KV heads")
-        return cls(int(text_config.num_hidden_layers), n_heads, n_kv, head_dim, d_model, max_pos)
+        n_layers = int(text_config.num_hidden_layers)
+        kinds = layer_attention(config, n_layers)
+        return cls(
+            n_layers, n_heads, n_kv, head_dim, d_model, max_pos, tuple(kinds["local_layers"]), kinds["window"]
+        )
 
 
 @dataclass
@@ -77,3 +88,42 @@ class LoadedModel:
     @property
     def max_positions(self) -> int | None:
         return self.layout.max_positions
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0–2, 4"."""
+    parts, start = [], None
+    for index, layer in enumerate(layers):
+        if start is None:
+            start = layer
+        if index + 1 == len(layers) or layers[index + 1] != layer + 1:
+            parts.append(str(start) if start == layer else f"{start}–{layer}")
+            start = None
+    return ", ".join(parts)
+
+
+def layer_attention(config: Any, n_layers: int) -> dict[str, Any]:
+    """Which layers attend locally (a sliding window) and which globally, from the config.
+
+    ``layer_types`` (Gemma 2/3, Qwen 2, Mistral-style configs in transformers 5) names each
+    layer's kind; without it, a ``sliding_window`` that the model uses applies to every layer.
+    The capture never relies on this: it reads each layer's visible keys from its mask.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    types = list(getattr(text, "layer_types", None) or [])
+    if not types:
+        uses_window = window is not None and getattr(text, "use_sliding_window", True)
+        types = ["sliding_attention" if uses_window else "full_attention"] * n_layers
+    local = [i for i, t in enumerate(types) if "sliding" in t or "local" in t]
+    global_ = [i for i in range(n_layers) if i not in local]
+    return {
+        "window": window if local else None,
+        "local_layers": local,
+        "global_layers": global_,
+        "summary": (
+            f"local (window {window}): {_ranges(local)}; global: {_ranges(global_) or 'none'}"
+            if local
+            else "global in every layer"
+        ),
+    }

@@ -139,6 +139,12 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
         "rows": records(report.table[CSV_COLUMNS]),
         "notes": list(report.notes),
     }
+    if report.layout is not None and report.layout.local_layers:
+        out["layers"] = {
+            "local": list(report.layout.local_layers),
+            "global": list(report.layout.global_layers),
+            "window": report.layout.window,
+        }
     if report.loss is not None:
         out["copy_loss"] = {
             "per_copy": report.loss.per_copy,
@@ -389,14 +395,21 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     table.add_column("layer", justify="right")
     for head in range(n_heads):
         table.add_column(f"H{head}", justify="center")
+    layout = report.layout
+    marked = layout is not None and bool(layout.local_layers)
     for layer in range(n_layers):
         cells = []
         for head in range(n_heads):
             role = grid.get((layer, head), "")
             style = ROLE_STYLES.get(role, "yellow")
             cells.append(f"[{style}]{role}[/{style}]" if role else "·")
-        table.add_row(f"L{layer}", *cells)
+        is_global = marked and layer in layout.global_layers  # type: ignore[union-attr]
+        table.add_row(f"L{layer}{' G' if is_global else ''}", *cells)
     console.print(table)
+    if marked:
+        console.print(
+            f"G: global attention layer; the others attend within a sliding window of {layout.window} tokens"  # type: ignore[union-attr]
+        )
     used = sorted({r for r in grid.values() if r})
     legend = "; ".join(
         f"{label} = {ROLE_MEANINGS.get(label, RELATION_NAMES.get(label, label))}" for label in used

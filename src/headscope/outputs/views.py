@@ -23,6 +23,7 @@ from headscope.analyses import check_context
 from headscope.data.align import AlignmentError, encode_with_offsets, token_word_maps, word_attention
 from headscope.errors import InputError
 from headscope.models import LoadedModel
+from headscope.models.layout import layer_attention
 
 # ----------------------------------------------------------------------------- the model's layout
 
@@ -62,45 +63,6 @@ def model_info(loaded: LoadedModel) -> dict[str, Any]:
         "capture": loaded.capture_mode,
         "vocab_size": getattr(config, "vocab_size", None),
         "layer_attention": layer_attention(config, layout.n_layers),
-    }
-
-
-def _ranges(layers: list[int]) -> str:
-    """[0, 1, 2, 4] -> "0–2, 4"."""
-    parts, start = [], None
-    for index, layer in enumerate(layers):
-        if start is None:
-            start = layer
-        if index + 1 == len(layers) or layers[index + 1] != layer + 1:
-            parts.append(str(start) if start == layer else f"{start}–{layer}")
-            start = None
-    return ", ".join(parts)
-
-
-def layer_attention(config: Any, n_layers: int) -> dict[str, Any]:
-    """Which layers attend locally (a sliding window) and which globally, from the config.
-
-    ``layer_types`` (Gemma 2/3, Qwen 2, Mistral-style configs in transformers 5) names each
-    layer's kind; without it, a ``sliding_window`` that the model uses applies to every layer.
-    The capture never relies on this: it reads each layer's visible keys from its mask.
-    """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    window = getattr(text, "sliding_window", None)
-    types = list(getattr(text, "layer_types", None) or [])
-    if not types:
-        uses_window = window is not None and getattr(text, "use_sliding_window", True)
-        types = ["sliding_attention" if uses_window else "full_attention"] * n_layers
-    local = [i for i, t in enumerate(types) if "sliding" in t or "local" in t]
-    global_ = [i for i in range(n_layers) if i not in local]
-    return {
-        "window": window if local else None,
-        "local_layers": local,
-        "global_layers": global_,
-        "summary": (
-            f"local (window {window}): {_ranges(local)}; global: {_ranges(global_) or 'none'}"
-            if local
-            else "global in every layer"
-        ),
     }
 
 
