@@ -108,7 +108,8 @@ def scan(
                 continue
             results += part.results
             descriptions.update({s.data: s.description for s in part.sections})
-            notes += part.notes
+            # The part ran without intervals on purpose (the scan bootstraps once, below).
+            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
             inputs.update(part.inputs)
 
     table = assign_roles(
