@@ -100,7 +100,12 @@ def worker(mode: str, model: str, length: int, tokens: int, repeats: int, seed: 
         start = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - start)
-    return {"seconds": best, "peak_mb": high_water_mb() - before, "sequences": len(batches[0].example_index)}
+    return {
+        "seconds": best,
+        "peak_mb": high_water_mb() - before,
+        "sequences": len(batches[0].example_index),
+        "heads": loaded.layout.n_heads,
+    }
 
 
 def measure(mode: str, args: argparse.Namespace, length: int) -> dict | None:
@@ -164,7 +169,7 @@ def main() -> None:
         if bare is None or scan is None:
             continue
         n_seqs = scan["sequences"]
-        one_layer_mb = n_seqs * 9 * length * length * 4 / 2**20 if args.model == "smollm2-135m" else None
+        one_layer_mb = n_seqs * scan["heads"] * length * length * 4 / 2**20
         row = {
             "length": length,
             "sequences": n_seqs,
@@ -176,7 +181,7 @@ def main() -> None:
             "bare_peak_mb": round(bare["peak_mb"], 1),
             "scan_peak_mb": round(scan["peak_mb"], 1),
             "tl_peak_mb": None if tl is None else round(tl["peak_mb"], 1),
-            "one_layer_attention_mb": None if one_layer_mb is None else round(one_layer_mb, 1),
+            "one_layer_attention_mb": round(one_layer_mb, 1),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
