@@ -113,6 +113,13 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    from headscope.models import load
+
+    return load("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def minilm():
     from headscope.models import load
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import resource
-import time
-
 import pytest
 import torch
 
-from headscope.models import gguf_cache_is_valid, load
+from headscope.models import cache_root, gguf_cache_is_valid, load
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +41,9 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
         assert torch.equal(warm_bf16[name], bf16[name]), name
 
 
-def test_gemma3_270m_loads_from_its_four_chunk_wheels(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path))
-    start = time.perf_counter()
-    gemma = load("gemma3-270m")
-    seconds = time.perf_counter() - start
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def test_gemma3_270m_loads_from_its_four_chunk_wheels(gemma3):
+    gemma = gemma3
     config = gemma.model.config
-    print(f"gemma3-270m cold load {seconds:.1f} s, peak RSS {rss_mb:.0f} MB")
     print("sliding_window", config.sliding_window, "layer_types", config.layer_types)
     layout = gemma.layout
     assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (18, 4, 1)
@@ -62,8 +54,10 @@ def test_gemma3_270m_loads_from_its_four_chunk_wheels(tmp_path, monkeypatch):
     assert config.sliding_window == 512
     full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
     assert full == [5, 11, 17] and len(config.layer_types) == 18
-    (entry,) = (tmp_path / "gguf").iterdir()
-    assert gguf_cache_is_valid(entry)
+    entries = list((cache_root() / "gguf").iterdir())
+    assert entries and all(gguf_cache_is_valid(entry) for entry in entries)
+    assert gemma.layout.local_layers == tuple(i for i in range(18) if i not in (5, 11, 17))
+    assert gemma.layout.window == 512
     # The weights make sense of English: far below the uniform ln(262144) = 12.5 nats per token.
     batch = gemma.tokenizer("The cat sat on the mat because it was tired and warm.", return_tensors="pt")
     with torch.no_grad():
