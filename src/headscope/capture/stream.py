@@ -191,16 +191,30 @@ def _visible_keys(rows: torch.Tensor | None, stop: int, keys: int) -> int:
 _registered = False
 
 
+def boolean_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The layer's mask as booleans (True = may attend), always built, never skipped.
+
+    transformers' eager mask is the same mask turned into float32 additive biases: 4 bytes per
+    (query, key) against 1, so 256 MB per mask type at 8k tokens instead of 64 MB. Building it
+    always (no "causal, so skip it") keeps the guarantee that a causal layer is never unmasked.
+    """
+    from transformers.masking_utils import sdpa_mask
+
+    for key in ("allow_is_causal_skip", "allow_is_bidirectional_skip", "dtype"):
+        kwargs.pop(key, None)
+    return sdpa_mask(*args, allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **kwargs)
+
+
 def register_streaming_attention() -> None:
-    """Register the streaming function (and eager's additive mask) under STREAM_IMPLEMENTATION."""
+    """Register the streaming function (and a boolean mask) under STREAM_IMPLEMENTATION."""
     global _registered
     if _registered:
         return
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(STREAM_IMPLEMENTATION, streaming_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(STREAM_IMPLEMENTATION, eager_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(STREAM_IMPLEMENTATION, boolean_mask)
     _registered = True
 
 
