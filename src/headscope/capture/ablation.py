@@ -102,12 +102,10 @@ class HeadOutputMeans:
         if layer not in self.sums:
             self.sums[layer], self.counts[layer] = part, count
             return
+        # Batches differ in length: grow the running sums to the longer one (positions along dim 1).
         grown = max(self.sums[layer].shape[1], part.shape[1])
-        self.sums[layer] = _pad_positions(self.sums[layer], grown) + _pad_positions(part, grown)
-        self.counts[layer] = (
-            _pad_positions(self.counts[layer][None, :, None], grown)[0, :, 0]
-            + (_pad_positions(count[None, :, None], grown)[0, :, 0])
-        )
+        self.sums[layer] = _grow(self.sums[layer], grown, 1) + _grow(part, grown, 1)
+        self.counts[layer] = _grow(self.counts[layer], grown, 0) + _grow(count, grown, 0)
 
     def result(self) -> dict[tuple[int, int], torch.Tensor]:
         out = {}
@@ -120,9 +118,11 @@ class HeadOutputMeans:
         return out
 
 
-def _pad_positions(values: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad ``[heads, T, D]`` along T to ``length``."""
-    if values.shape[1] == length:
+def _grow(values: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Zero-pad ``values`` along ``dim`` to ``length``."""
+    missing = length - values.shape[dim]
+    if missing == 0:
         return values
-    pad = torch.zeros(values.shape[0], length - values.shape[1], values.shape[2], dtype=values.dtype)
-    return torch.cat([values, pad], dim=1)
+    shape = list(values.shape)
+    shape[dim] = missing
+    return torch.cat([values, values.new_zeros(shape)], dim=dim)

@@ -9,6 +9,12 @@ from typing import Any
 import torch
 
 
+def mask_open(mask: torch.Tensor) -> torch.Tensor:
+    """Where a layer's mask lets a query attend: True in a boolean mask, or an additive bias
+    above half the dtype's minimum (masked entries hold the minimum, kept ones 0)."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
 @dataclass
 class Batch:
     """Padded token ids plus what detectors need to know about each row.
@@ -55,14 +61,14 @@ class Batch:
         visible. Without a recorded mask (synthetic maps fed to a detector), the keys are the
         real (non-pad) tokens, and in a causal model only those up to the query.
         """
-        chunk = getattr(self, "_chunk", None)
+        chunk = self._chunk
         if chunk is not None and chunk["q_start"] == q_start and chunk["stop"] == stop:
             if chunk["visible"] is None:
                 mask = chunk["mask"]
                 if mask is None:
                     seen = self.attention_mask[:, None, :].expand(-1, stop - q_start, -1)
                 else:
-                    open_ = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+                    open_ = mask_open(mask)
                     seen = open_.any(1) if open_.shape[1] > 1 else open_[:, 0]
                     seen = seen.expand(self.input_ids.shape[0], stop - q_start, -1)
                 chunk["visible"] = seen

@@ -21,7 +21,7 @@ import torch
 from headscope.errors import RunFailure
 
 from .ablation import Ablation, HeadOutputMeans
-from .batch import Batch
+from .batch import Batch, mask_open
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
@@ -167,25 +167,21 @@ def _first_visible_key(rows: torch.Tensor | None, limit: int) -> int:
     it from every query of a late chunk, and those are skipped (read from the mask, not assumed)."""
     if rows is None or rows.shape[2] == 1:
         return 0
-    head = rows[..., :limit]
-    open_ = head if head.dtype == torch.bool else head > torch.finfo(head.dtype).min / 2
-    seen = open_.flatten(0, 2).any(0)  # [K']: does any row, head or query see key k?
+    seen = mask_open(rows[..., :limit]).flatten(0, 2).any(0)  # [K']: does any row, head or query see key k?
     if not bool(seen.any()):
         return 0
     return int(seen.to(torch.int8).argmax())
 
 
 def _visible_keys(rows: torch.Tensor | None, stop: int, keys: int) -> int:
-    """How many leading keys a query chunk ending at ``stop`` can see under its additive mask.
+    """How many leading keys a query chunk ending at ``stop`` can see under its mask.
 
     Keys from ``stop`` on are dropped only when the mask blocks every one of them (causal and
     sliding-window masks do; a padding-only or prefix-LM mask does not), so nothing is guessed.
     """
     if rows is None or rows.shape[2] == 1 or stop >= keys:
         return keys
-    tail = rows[..., stop:keys]
-    blocked = ~tail if tail.dtype == torch.bool else tail <= torch.finfo(tail.dtype).min / 2
-    return stop if bool(blocked.all()) else keys
+    return keys if bool(mask_open(rows[..., stop:keys]).any()) else stop
 
 
 _registered = False
