@@ -22,6 +22,7 @@ from headscope.errors import RunFailure
 
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
+from .dla import HeadWrites
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
@@ -46,13 +47,19 @@ class _LayerSink:
         ablation: Ablation | None = None,
         on_layer_done: LayerDone | None = None,
         recorder: HeadOutputMeans | None = None,
+        writes: HeadWrites | None = None,
     ) -> None:
         self.callback = callback
         self.batch = batch
         self.ablation = ablation
         self.on_layer_done = on_layer_done
         self.recorder = recorder
+        self.writes = writes
         self.calls = 0
+        # Path patching: record some layers' keys and values, or replace them by recorded ones.
+        self.record_kv: set[int] = set()
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kv_override: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def begin(self, module: Any) -> int:
         layer = getattr(module, "layer_idx", None)
@@ -111,6 +118,13 @@ def streaming_attention(
             "will not attend to the future",
             hint="use --capture eager",
         )
+    sink = _ACTIVE_SINK.get()
+    layer = sink.begin(module) if sink is not None else -1  # a layer index exactly when a sink listens
+    if sink is not None:
+        if layer in sink.record_kv:
+            sink.kv[layer] = (key, value)
+        if layer in sink.kv_override:
+            key, value = sink.kv_override[layer]
     n_rep = query.shape[1] // key.shape[1]
     key = _repeat_kv(key, n_rep)
     value = _repeat_kv(value, n_rep)
@@ -125,8 +139,6 @@ def streaming_attention(
     scaled = query * scaling  # scale the small tensor, not the map
     key_t = key.transpose(2, 3)
     output = torch.empty(batch, heads, length, value.shape[-1], dtype=value.dtype, device=value.device)
-    sink = _ACTIVE_SINK.get()
-    layer = sink.begin(module) if sink is not None else -1  # a layer index exactly when a sink listens
     for start in range(0, length, chunk):
         stop = min(length, start + chunk)
         rows = None
@@ -159,6 +171,8 @@ def streaming_attention(
             sink.recorder.add(layer, output, sink.batch)
         if sink.ablation is not None:
             output = sink.ablation.apply(layer, output, sink.batch)
+        if sink.writes is not None:
+            sink.writes.add(layer, module, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -221,8 +235,9 @@ def _sink(
     ablation: Ablation | None = None,
     on_layer_done: LayerDone | None = None,
     recorder: HeadOutputMeans | None = None,
+    writes: HeadWrites | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, writes)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -240,6 +255,8 @@ def run(
     on_batch_done: Callable[[Batch], None] | None = None,
     ablation: Ablation | None = None,
     recorder: HeadOutputMeans | None = None,
+    writes: HeadWrites | None = None,
+    on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -251,9 +268,15 @@ def run(
     of predicting token t+1 at position t, computed from the final hidden states in position
     chunks (:func:`next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. ``ablation`` replaces chosen heads'
     outputs and ``recorder`` accumulates chosen heads' outputs (streaming capture only).
+    ``writes`` records heads' writes and their direct logit attribution at chosen positions
+    (:class:`HeadWrites`; its ``begin`` and ``finish`` run around each batch, and it is complete
+    when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
+    states ``[B, T, D]`` (after the final norm), for logits at a few positions.
     """
-    if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
-        raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
+    if (ablation is not None or recorder is not None or writes is not None) and loaded.capture_mode != "stream":
+        raise RunFailure(
+            "head ablation and per-head writes need streaming capture", hint="drop --capture eager"
+        )
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
@@ -265,8 +288,15 @@ def run(
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
             if loaded.capture_mode == "stream":
-                with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
+                if writes is not None:
+                    writes.begin(on_device)
+                with (
+                    _sink(on_layer, on_device, ablation, on_layer_done, recorder, writes) as sink,
+                    writes.hooked() if writes is not None else contextlib.nullcontext(),
+                ):
                     out = module(**inputs, **extra)
+                if writes is not None:
+                    writes.finish()
                 if sink.calls != n_layers:
                     raise RunFailure(
                         f"expected attention from {n_layers} layers, captured {sink.calls}",
@@ -285,6 +315,8 @@ def run(
                     on_layer(layer, weights.float(), on_device, 0)
                     if on_layer_done is not None:
                         on_layer_done(layer, on_device)
+            if on_hidden is not None:
+                on_hidden(out.last_hidden_state, on_device)
             if on_token_loss is not None:
                 on_token_loss(
                     next_token_losses(loaded, out.last_hidden_state, on_device.input_ids), on_device

@@ -1,0 +1,196 @@
+"""Direct logit attribution adds up: every head's DLA plus the other components' equals the real
+logit difference, to 1e-3, on tiny random models whose other components are computed here too.
+
+Three architectures cover the cases: Llama (GQA, RMSNorm, untied unembedding, o_proj bias
+switched on), Gemma 3 (MQA, ``(1 + w)`` RMSNorm, post-attention norms, tied unembedding, sliding
+window) and GPT-2 (LayerNorm with bias, Conv1D ``c_proj``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headscope import capture
+from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
+from headscope.models import HeadLayout, LoadedModel
+from headscope.models.load import _choose_capture
+
+
+def _loaded(model, config) -> LoadedModel:
+    mode = _choose_capture(model, "stream")
+    assert mode == "stream"
+    return LoadedModel("tiny", model, None, HeadLayout.from_config(config), True, mode, "test")
+
+
+def tiny_llama() -> LoadedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_bias=True,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # random norm gains, so that folding them in is tested
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.weight.uniform_(0.5, 1.5)
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.1)
+    return _loaded(model, config)
+
+
+def tiny_gemma() -> LoadedModel:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm") and module.weight.dim() == 1:
+                module.weight.uniform_(-0.5, 0.5)  # Gemma scales by 1 + w
+    return _loaded(model, config)
+
+
+def tiny_gpt2() -> LoadedModel:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=50, n_embd=32, n_layer=3, n_head=4, n_positions=64)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.2)
+    return _loaded(model, config)
+
+
+def _batch(vocab: int) -> capture.Batch:
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (9, 7, 12)]
+    specials = [[False] * len(r) for r in rows]
+    return capture.make_batches(rows, specials, batch_size=3, pad_id=0, is_causal=True)[0]
+
+
+def _last(batch: capture.Batch) -> torch.Tensor:
+    return batch.attention_mask.sum(1) - 1
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gemma, tiny_gpt2], ids=["llama", "gemma3", "gpt2"])
+def test_heads_plus_other_components_equal_the_logit_difference(build):
+    loaded = build()
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    batch = _batch(vocab)
+    target = torch.tensor([5, 6, 7])
+    foil = torch.tensor([9, 4, 11])
+    positions = _last(batch)
+    writes = HeadWrites(loaded, lambda b: positions, lambda b: (target, foil))
+
+    # The other components, from hooks: what each block adds to the residual stream, the part of it
+    # that comes from attention, and the residual entering the first block (the embeddings).
+    blocks = decoder_layers(loaded.base)
+    rows = torch.arange(3)
+    block_in, block_out, attn_out = {}, {}, {}
+    handles = []
+    for index, block in enumerate(blocks):
+
+        def pre(module, args, kwargs, index=index):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            block_in[index] = hidden[rows, positions].double()
+
+        def post(module, args, kwargs, output, index=index):
+            hidden = output[0] if isinstance(output, tuple) else output
+            block_out[index] = hidden[rows, positions].double()
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(block.register_forward_hook(post, with_kwargs=True))
+        norm = post_attention_norm(block)
+        attention = getattr(block, "self_attn", None) or block.attn
+
+        def grab(module, args, output, index=index):
+            hidden = output[0] if isinstance(output, tuple) else output
+            attn_out[index] = hidden[rows, positions].double()
+
+        handles.append((norm if norm is not None else attention).register_forward_hook(grab))
+    logits = {}
+
+    def on_hidden(hidden, b):
+        logits["all"] = loaded.model.get_output_embeddings()(hidden[rows, positions]).double()
+
+    try:
+        capture.run(loaded, [batch], lambda *_: None, writes=writes, on_hidden=on_hidden)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    assert writes.dla is not None and writes.bias_dla is not None
+    total = writes.dla.sum((1, 2)) + writes.bias_dla.sum(1)
+    total = total + writes.residual_dla(block_in[0])  # embeddings (and positions)
+    for index in range(len(blocks)):
+        mlp = block_out[index] - block_in[index] - attn_out[index]
+        total = total + writes.residual_dla(mlp)
+    total = total + logit_constant(writes, target, foil)
+    real = logits["all"][rows, target] - logits["all"][rows, foil]
+    assert torch.allclose(total, real, atol=1e-3), (total, real)
+    # The heads matter: their DLA is not a rounding error of the total.
+    assert writes.dla.abs().sum() > 1e-2
+
+
+
+def test_head_writes_sum_to_the_attention_block_output():
+    loaded = tiny_gemma()
+    batch = _batch(64)
+    positions = _last(batch)
+    writes = HeadWrites(loaded, lambda b: positions, keep={0, 1, 2})
+    blocks = decoder_layers(loaded.base)
+    rows = torch.arange(3)
+    seen = {}
+    handles = []
+    for index, block in enumerate(blocks):
+
+        def grab(module, args, output, index=index):
+            seen[index] = output[rows, positions].double()
+
+        handles.append(post_attention_norm(block).register_forward_hook(grab))
+    try:
+        capture.run(loaded, [batch], lambda *_: None, writes=writes)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for index in range(3):
+        assert torch.allclose(writes.kept[index].double().sum(1), seen[index], atol=1e-4)
+
+
+def test_a_norm_that_is_neither_rms_nor_layer_norm_is_refused():
+    from headscope.capture.dla import FrozenNorm
+    from headscope.errors import RunFailure
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return torch.tanh(x) * self.weight
+
+    with pytest.raises(RunFailure, match="neither an RMSNorm nor a LayerNorm"):
+        FrozenNorm.of(Odd())
