@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from headscope.detectors.base import Detector, DetectorResult
+from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
 from headscope.detectors.coref import CorefDetector
 from headscope.detectors.induction import DuplicateTokenDetector, InductionDetector
 from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
@@ -17,6 +18,8 @@ REGISTRY: dict[str, type[Detector]] = {
         SinkDetector,
         SyntaxDetector,
         CorefDetector,
+        IOIAttentionDetector,
+        RetrievalDetector,
     )
 }
 

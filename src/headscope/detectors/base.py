@@ -30,7 +30,7 @@ from headscope.capture import Batch
 from headscope.models import HeadLayout
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits"]
-Source = Literal["text", "repeated-tokens", "treebank", "coref"]
+Source = Literal["text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval"]
 
 
 @dataclass

@@ -32,6 +32,7 @@ DETECTOR_LABELS = {
     "induction": "ind",
     "sink": "sink",
     "coref": "coref",
+    "retrieval": "retr",
 }
 RELATION_LABELS = {"nsubj": "subj", "advmod": "adv"}
 
@@ -39,18 +40,29 @@ GROUP = ["data", "detector", "relation", "direction"]
 RESTING_ROLE = "sink"
 
 
+# Tables that describe without naming a role (the IOI heads' attention feeds the DLA roles).
+DESCRIPTIVE = {("ioi", "attention")}
+# Signed scores, in their own units, tested against 0 both ways: (label above 0, label below 0).
+SIGNED = {("ioi", "dla"): ("nm", "neg"), ("ioi", "s-inhibition"): ("sinh", None)}
+
+
 @dataclass(frozen=True)
 class RoleRule:
     threshold: float = 0.3
     margin: float = 0.05
     alpha: float = 0.05
+    dla_min: float = 0.1  # nats: a name mover moves at least this much logit difference
+    patch_min: float = 0.01  # attention: an S-inhibition head moves the name movers at least this much
 
     def describe(self) -> str:
         return (
             f"a head gets a role when score ≥ {self.threshold:g}, ci_low ≥ reference + {self.margin:g} "
             "(reference: the baseline, or chance / first candidate where higher), and the "
             f"Benjamini–Hochberg-adjusted p < {self.alpha:g} over the heads of each table; "
-            "sink only when no other role qualifies"
+            "sink only when no other role qualifies; name movers (nm) and negative name movers "
+            f"(neg): DLA toward IO against S significantly above (below) 0 and |DLA| ≥ {self.dla_min:g}, "
+            "with attention to IO above attention to S1 + S2; S-inhibition (sinh): the path-patching "
+            f"effect on the name movers significantly above 0 and ≥ {self.patch_min:g}"
         )
 
 
@@ -69,6 +81,12 @@ def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFr
     table["role"] = ""
     for _, index in table.groupby(GROUP, sort=False).groups.items():
         group = table.loc[index]
+        kind = (group.iloc[0]["detector"], group.iloc[0]["relation"])
+        if kind in DESCRIPTIVE:
+            continue
+        if kind in SIGNED:
+            _signed_roles(table, index, rule, SIGNED[kind])
+            continue
         baseline = group["role_null"].astype(float)
         p = one_sided_p(
             group["score"].to_numpy(float), (baseline + rule.margin).to_numpy(), group["se"].to_numpy(float)
@@ -87,6 +105,41 @@ def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFr
         table.loc[index, "strength"] = strength.to_numpy()
         table.loc[index, "role"] = np.where(qualifies.to_numpy(), label, "")
     return table
+
+
+def _signed_roles(table: pd.DataFrame, index: pd.Index, rule: RoleRule, labels: tuple[str, str | None]) -> None:
+    """Roles for a signed score (DLA in nats, a patching effect): two-sided, BH over the group."""
+    group = table.loc[index]
+    score = group["score"].to_numpy(float)
+    se = group["se"].to_numpy(float)
+    zero = np.zeros_like(score)
+    p = np.minimum(1.0, 2.0 * np.minimum(one_sided_p(score, zero, se), one_sided_p(-score, zero, se)))
+    p_adj = benjamini_hochberg(p)
+    first = group.iloc[0]
+    minimum = rule.dla_min if first["relation"] == "dla" else rule.patch_min
+    significant = p_adj < rule.alpha
+    up = significant & (group["ci_low"].to_numpy(float) > 0) & (score >= minimum)
+    down = significant & (group["ci_high"].to_numpy(float) < 0) & (score <= -minimum)
+    if first["detector"] == "ioi" and first["relation"] == "dla":
+        looks = _looks_at_io(table, first["data"], group)
+        up, down = up & looks, down & looks
+    roles = np.where(up, labels[0], "")
+    if labels[1] is not None:
+        roles = np.where(down, labels[1], roles)
+    peak = max(float(np.abs(score).max()), 1e-12)
+    table.loc[index, "p_adj"] = p_adj
+    table.loc[index, "strength"] = np.abs(score) / peak
+    table.loc[index, "role"] = roles
+
+
+def _looks_at_io(table: pd.DataFrame, data: str, group: pd.DataFrame) -> np.ndarray:
+    """Per head of ``group``: attention from END to IO above attention to S1 and S2 together."""
+    attention = table[(table.data == data) & (table.detector == "ioi") & (table.relation == "attention")]
+    wide = attention.pivot_table(index=["layer", "head"], columns="direction", values="score")
+    keys = list(zip(group["layer"], group["head"], strict=True))
+    io = wide["io"].reindex(keys).to_numpy(float)
+    s = (wide["s1"] + wide["s2"]).reindex(keys).to_numpy(float)
+    return np.nan_to_num(io) > np.nan_to_num(s)
 
 
 def head_roles(table: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,400 @@
+"""``ioi``: the indirect-object-identification circuit (Wang et al. 2022) in any causal LM.
+
+Each prompt ends where the indirect object (IO) is predicted: "When Mary and John went to the
+store, John gave a drink to" → " Mary"; the subject (S) occurs twice (S1, S2). Per head, at the
+last token (END):
+
+* attention to IO, S1 and S2 (summed over each name's tokens), against uniform attention;
+* direct logit attribution toward IO against S: the head's write at END through the final
+  norm (its statistic frozen at the actual residual) onto ``W_U[IO] - W_U[S]``;
+* S-inhibition: path patching from the head's output at END in the corrupted run (ABC: S2
+  replaced by a third name) into the name movers' *queries* only, keys and values clean. The score
+  is how much the name movers' attention preference for IO over S (attention to IO minus
+  attention to S1 and S2, averaged over the name movers in later layers) drops. Senders are all
+  heads in layers before the last name mover's layer; a sender only reaches name movers in later
+  layers.
+
+The model-level result is the IOI accuracy (logit IO > logit S at END) and the mean logit
+difference, each over the prompts, with a 95% bootstrap interval. Names are compared by their
+first token in context; how many names are one token is reported.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from headscope import capture
+from headscope.capture.dla import HeadWrites
+from headscope.capture.patching import record_block_inputs, rerun_block
+from headscope.data.circuits import IOISet, occurrences
+from headscope.detectors.base import DetectorResult
+from headscope.detectors.circuits import IOIAttentionDetector
+from headscope.errors import InputError
+from headscope.models import LoadedModel
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import bootstrap_ratio_ci, check_resamples
+
+from .base import ProgressFactory, Report, _pad_id, _sections, check_context
+
+Head = tuple[int, int]
+
+
+@dataclass
+class IOIPrompt:
+    ids: list[int]
+    special: list[bool]
+    end: int
+    targets: dict[str, list[int]]
+    io_id: int
+    s_id: int
+
+
+@dataclass
+class IOIOutcome:
+    """The model's own answer: is the logit of IO above that of S at the last token?"""
+
+    data: str
+    n: int
+    accuracy: float
+    accuracy_ci: tuple[float, float]
+    logit_diff: float
+    logit_diff_ci: tuple[float, float]
+    names: int
+    single_token_names: int
+    diffs: torch.Tensor = field(repr=False)
+
+
+@dataclass
+class IOIVerification:
+    """Ablate the name movers, and as many random same-layer heads; compare the logit difference."""
+
+    data: str
+    mode: str
+    heads: list[Head]
+    random_heads: list[list[Head]]
+    clean: float
+    ablated: float
+    random: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "data": self.data,
+            "mode": self.mode,
+            "heads": [list(h) for h in self.heads],
+            "random_heads": [[list(h) for h in d] for d in self.random_heads],
+            "clean_logit_diff": self.clean,
+            "ablated_logit_diff": self.ablated,
+            "random_logit_diff": self.random,
+        }
+
+
+def _sep(name: str) -> str:
+    """What separates the prompt from the name: a space, except before CJK characters."""
+    return "" if ord(name[0]) >= 0x2E80 else " "
+
+
+def _first_token(tokenizer: Any, text: str, prompt_ids: list[int], name: str) -> tuple[int, bool]:
+    """The name's first token as the model would predict it after ``text``, and whether the
+    name is one token there."""
+    full = tokenizer(text + _sep(name) + name, add_special_tokens=True)["input_ids"]
+    if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+        extra = full[len(prompt_ids) :]
+        return int(extra[0]), len(extra) == 1
+    alone = tokenizer(_sep(name) + name, add_special_tokens=False)["input_ids"]
+    return int(alone[0]), len(alone) == 1
+
+
+def _token_positions(offsets: Sequence[tuple[int, int]], special: Sequence[bool], span: tuple[int, int]) -> list[int]:
+    start, end = span
+    return [
+        i for i, (a, b) in enumerate(offsets) if not special[i] and b > a and a < end and start < b
+    ]
+
+
+def encode_ioi(loaded: LoadedModel, ioi_set: IOISet, seed: int = 0) -> tuple[list[IOIPrompt], list[IOIPrompt], dict[str, bool]]:
+    """Clean prompts, their ABC corruptions, and for each name whether it is a single token."""
+    tokenizer = loaded.tokenizer
+    pool = sorted({name for item in ioi_set.items for name in (item.io, item.s)})
+    rng = random.Random(seed)
+    clean, corrupt = [], []
+    single: dict[str, bool] = {}
+    for item in ioi_set.items:
+        others = [n for n in pool if n not in {item.io, item.s} and _sep(n) == _sep(item.s)]
+        if not others:
+            raise InputError(
+                f"{item.source}: item '{item.id}': no third name to build the corrupted prompt from",
+                hint="the set needs at least three names",
+            )
+        s_spans = occurrences(item.text, item.s)
+        a, b = s_spans[1]
+        third = rng.choice(others)
+        for text, replaced in ((item.text, False), (item.text[:a] + third + item.text[b:], True)):
+            enc = tokenizer(
+                text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
+            )
+            ids = list(enc["input_ids"])
+            special = [bool(s) for s in enc["special_tokens_mask"]]
+            offsets = [tuple(o) for o in enc["offset_mapping"]]
+            check_context(loaded, len(ids), f"{item.source}: item '{item.id}'")
+            io_id, io_single = _first_token(tokenizer, text, ids, item.io)
+            s_id, s_single = _first_token(tokenizer, text, ids, item.s)
+            if io_id == s_id:
+                raise InputError(
+                    f"{item.source}: item '{item.id}': IO '{item.io}' and S '{item.s}' begin with the same token",
+                    hint="choose names whose first tokens differ",
+                )
+            single.setdefault(item.io, io_single)
+            single.setdefault(item.s, s_single)
+            spans = {"io": occurrences(text, item.io)[0], "s1": s_spans[0], "s2": (a, a + len(third)) if replaced else s_spans[1]}
+            targets = {key: _token_positions(offsets, special, span) for key, span in spans.items()}
+            empty = [key for key, positions in targets.items() if not positions]
+            if empty:
+                raise InputError(f"{item.source}: item '{item.id}': no tokens for {', '.join(empty)}")
+            prompt = IOIPrompt(ids, special, len(ids) - 1, targets, io_id, s_id)
+            (corrupt if replaced else clean).append(prompt)
+    return clean, corrupt, single
+
+
+def _batches(loaded: LoadedModel, prompts: list[IOIPrompt], order: list[list[int]]) -> list[capture.Batch]:
+    """Batches with the given rows, so that clean and corrupted batches pair up row by row."""
+    out = []
+    for rows in order:
+        part = capture.make_batches(
+            [prompts[i].ids for i in rows],
+            [prompts[i].special for i in rows],
+            batch_size=len(rows),
+            pad_id=_pad_id(loaded),
+            is_causal=loaded.is_causal,
+            meta=[{"end": prompts[i].end, "targets": prompts[i].targets, "io_id": prompts[i].io_id, "s_id": prompts[i].s_id} for i in rows],
+            sort_by_length=False,
+        )[0]
+        part.example_index = torch.as_tensor(rows, dtype=torch.long)
+        out.append(part)
+    return out
+
+
+def _ends(batch: capture.Batch) -> torch.Tensor:
+    return torch.as_tensor([m["end"] for m in batch.meta], dtype=torch.long)
+
+
+def _names(batch: capture.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.as_tensor([m["io_id"] for m in batch.meta], dtype=torch.long),
+        torch.as_tensor([m["s_id"] for m in batch.meta], dtype=torch.long),
+    )
+
+
+def _logit_diffs(loaded: LoadedModel, hidden: torch.Tensor, batch: capture.Batch) -> torch.Tensor:
+    """[B] logit(IO) - logit(S) at END, from the final hidden states (soft-capped as the model does)."""
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    at = hidden[rows, _ends(batch).to(hidden.device)]
+    logits = loaded.model.get_output_embeddings()(at).float()
+    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    io, s = _names(batch)
+    return (logits[rows, io.to(logits.device)] - logits[rows, s.to(logits.device)]).double().cpu()
+
+
+def _mean_ci(values: torch.Tensor, n_resamples: int, seed: int) -> tuple[float, tuple[float, float]]:
+    n = len(values)
+    if n_resamples == 0:
+        return float(values.mean()), (float("nan"), float("nan"))
+    low, high = bootstrap_ratio_ci(values[:, None], torch.ones(n, dtype=torch.float64), n_resamples=n_resamples, seed=seed)
+    return float(values.mean()), (float(low[0]), float(high[0]))
+
+
+def _name_movers(table: Any, data: str, role: str) -> list[Head]:
+    rows = table[(table.data == data) & (table.role == role) & (table.relation == "dla")]
+    return [(int(r.layer), int(r.head)) for r in rows.itertuples()]
+
+
+def s_inhibition(
+    loaded: LoadedModel,
+    clean: list[capture.Batch],
+    corrupt: list[capture.Batch],
+    receivers: Sequence[Head],
+    n_examples: int,
+    data: str,
+    progress: ProgressFactory | None = None,
+) -> DetectorResult:
+    """Path patching from every earlier head's output at END (corrupted run) into the receivers' queries."""
+    layout = loaded.layout
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in receivers:
+        by_layer.setdefault(layer, []).append(head)
+    last = max(by_layer)
+    senders = set(range(last))
+    sums = torch.zeros(n_examples, layout.n_layers, layout.n_heads, dtype=torch.float64)
+    counts = torch.zeros(n_examples, dtype=torch.float64)
+    reached = torch.zeros(layout.n_layers, dtype=torch.float64)  # receivers after each sender layer
+    for layer in range(layout.n_layers):
+        reached[layer] = sum(len(h) for r, h in by_layer.items() if r > layer)
+    advance = progress(f"{data}: path patching", len(clean)) if progress else None
+    for clean_batch, corrupt_batch in zip(clean, corrupt, strict=True):
+        ends_clean, ends_corrupt = _ends(clean_batch), _ends(corrupt_batch)
+        corrupted = HeadWrites(loaded, lambda b, e=ends_corrupt: e, keep=senders)
+        capture.run(loaded, [corrupt_batch], lambda *_: None, writes=corrupted)
+        clean_writes = HeadWrites(loaded, lambda b, e=ends_clean: e, keep=senders)
+        inputs = record_block_inputs(loaded, clean_batch, by_layer, writes=clean_writes)
+        rows = clean_batch.example_index
+        effect = torch.zeros(len(rows), layout.n_layers, layout.n_heads, dtype=torch.float64)
+        for receiver_layer, heads in sorted(by_layer.items()):
+            base = _receiver_preference(loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, None)
+            for layer in range(receiver_layer):
+                delta_all = corrupted.kept[layer] - clean_writes.kept[layer]  # [B, H, D]
+                for head in range(layout.n_heads):
+                    patched = _receiver_preference(
+                        loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, delta_all[:, head]
+                    )
+                    effect[:, layer, head] += base - patched
+        sums[rows] += effect / reached.clamp(min=1)[None, :, None]
+        counts[rows] += 1.0
+        if advance:
+            advance(1)
+    return DetectorResult("ioi", "s-inhibition", "patch", sums, counts, torch.zeros(n_examples, dtype=torch.float64), "zero", data)
+
+
+def _receiver_preference(
+    loaded: LoadedModel, layer: int, heads: list[int], inputs: Any, batch: capture.Batch, delta: torch.Tensor | None
+) -> torch.Tensor:
+    """[B] summed over ``heads``: attention from END to IO minus attention to S1 and S2."""
+    ends = _ends(batch)
+    out = torch.zeros(len(ends), dtype=torch.float64)
+
+    def on_layer(_layer: int, attn: torch.Tensor, b: capture.Batch, q_start: int) -> None:
+        for row, meta in enumerate(b.meta):
+            end = int(meta["end"])
+            if not q_start <= end < q_start + attn.shape[2]:
+                continue
+            weights = attn[row, heads, end - q_start].double().cpu()  # [h, K']
+            targets = meta["targets"]
+            io = weights[:, targets["io"]].sum()
+            s = weights[:, targets["s1"]].sum() + weights[:, targets["s2"]].sum()
+            out[row] += float(io - s)
+
+    rerun_block(loaded, layer, inputs, batch, delta, ends, on_layer)
+    return out
+
+
+def ioi(
+    loaded: LoadedModel,
+    ioi_set: IOISet,
+    *,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    patch: bool = True,
+    role_rule: RoleRule | None = None,
+    progress: ProgressFactory | None = None,
+) -> tuple[Report, IOIOutcome, dict[str, list[capture.Batch]]]:
+    """Score every head on an IOI set. Returns the report, the model's outcome, and the batches
+    (clean and corrupted, for ``--verify``)."""
+    if not (loaded.is_causal and loaded.has_lm_head):
+        raise InputError("ioi reads the model's prediction of the next name, so it needs a causal language model")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
+    data = ioi_set.name
+    clean_prompts, corrupt_prompts, single = encode_ioi(loaded, ioi_set, seed)
+    n = len(clean_prompts)
+    order = sorted(range(n), key=lambda i: len(clean_prompts[i].ids))
+    groups = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    clean = _batches(loaded, clean_prompts, groups)
+    corrupt = _batches(loaded, corrupt_prompts, groups)
+
+    detector = IOIAttentionDetector()
+    detector.start(loaded.layout, n)
+    writes = HeadWrites(loaded, _ends, _names)
+    dla = torch.zeros(n, loaded.layout.n_layers, loaded.layout.n_heads, dtype=torch.float64)
+    diffs = torch.zeros(n, dtype=torch.float64)
+    advance = progress(data, n) if progress else None
+
+    def on_hidden(hidden: torch.Tensor, batch: capture.Batch) -> None:
+        diffs[batch.example_index] = _logit_diffs(loaded, hidden, batch)
+
+    def on_batch_done(batch: capture.Batch) -> None:
+        assert writes.dla is not None
+        dla[batch.example_index] = writes.dla
+        if advance:
+            advance(len(batch.example_index))
+
+    capture.run(
+        loaded,
+        clean,
+        detector.update,
+        on_layer_done=detector.end_layer,
+        writes=writes,
+        on_hidden=on_hidden,
+        on_batch_done=on_batch_done,
+    )
+    ones = torch.ones(n, dtype=torch.float64)
+    results = detector.results(data)
+    results.append(DetectorResult("ioi", "dla", "io-s", dla, ones, torch.zeros(n, dtype=torch.float64), "zero", data))
+    rule = role_rule or RoleRule()
+    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule)
+    notes = []
+    movers = _name_movers(table, data, "nm")
+    if patch and movers:
+        results.append(s_inhibition(loaded, clean, corrupt, movers, n, data, progress))
+        table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule)
+    elif patch:
+        notes.append(f"{data}: no name movers found, so no S-inhibition path patching")
+
+    accuracy, accuracy_ci = _mean_ci((diffs > 0).double(), n_resamples, seed)
+    mean_diff, diff_ci = _mean_ci(diffs, n_resamples, seed)
+    outcome = IOIOutcome(
+        data, n, accuracy, accuracy_ci, mean_diff, diff_ci, len(single), int(sum(single.values())), diffs
+    )
+    descriptions = {data: f"{ioi_set.path} ({n} prompts)"}
+    report = Report(
+        loaded.name,
+        table,
+        _sections(results, descriptions),
+        loaded.capture_mode,
+        notes=notes + uncertainty_notes(results, n_resamples),
+        results=results,
+        inputs={data: clean, f"{data}:corrupt": corrupt},
+        layout=loaded.layout,
+    )
+    return report, outcome, {"clean": clean, "corrupt": corrupt}
+
+
+def verify_ioi(
+    loaded: LoadedModel,
+    report: Report,
+    data: str,
+    *,
+    mode: str = "zero",
+    draws: int = 3,
+    seed: int = 0,
+) -> IOIVerification | None:
+    """Ablate the name movers against random same-layer heads; the mean logit difference of each run."""
+    from headscope.analyses.ablation import random_control
+
+    heads = _name_movers(report.table, data, "nm")
+    if not heads:
+        return None
+    batches = report.inputs[data]
+    rng = random.Random(seed)
+    controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
+    means = None
+    if mode == "mean":
+        means = capture.head_output_means(loaded, batches, [*heads, *(h for c in controls for h in c)])
+
+    def mean_diff(ablation: capture.Ablation | None) -> float:
+        values: list[torch.Tensor] = []
+        capture.run(loaded, batches, lambda *_: None, ablation=ablation, on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)))
+        return float(torch.cat(values).mean())
+
+    clean = mean_diff(None)
+    ablated = mean_diff(capture.Ablation.of(heads, mode, means))
+    random_diffs = [mean_diff(capture.Ablation.of(c, mode, means)) for c in controls]
+    return IOIVerification(data, mode, heads, controls, clean, ablated, float(np.mean(random_diffs)))

@@ -1,0 +1,117 @@
+"""Path patching into a block's queries.
+
+To ask whether a sender head's output reaches a receiver head through the receiver's *query*
+(and through nothing else), the receiver's block is run again on the clean residual stream plus
+the change the sender would make at one position, while the block's keys and values are held at
+their clean values. Only the queries see the change, and no block between sender and receiver
+recomputes anything: the sender's effect is restricted to the direct path into the receivers'
+queries (Wang et al. 2022, path patching to the name movers' queries).
+
+:func:`record_block_inputs` runs the clean forward pass once and keeps, for each receiver
+block, the arguments it was called with and its keys and values; :func:`rerun_block` replays one
+block on a changed residual stream and hands its attention weights to a callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headscope.errors import RunFailure
+
+from .batch import Batch
+from .dla import HeadWrites, decoder_layers
+from .stream import LayerCallback, _sink
+
+
+@dataclass
+class BlockInputs:
+    """What one block received in the clean pass: its hidden states, other arguments, K and V."""
+
+    hidden: torch.Tensor  # [B, T, D]
+    args: tuple
+    kwargs: dict[str, Any]
+    kv: tuple[torch.Tensor, torch.Tensor]
+
+
+def _noop(*_: Any) -> None:
+    return None
+
+
+def record_block_inputs(
+    loaded: Any, batch: Batch, layers: Iterable[int], writes: HeadWrites | None = None
+) -> dict[int, BlockInputs]:
+    """One clean forward pass of ``batch`` that keeps each block of ``layers``' inputs, K and V.
+
+    ``writes`` (optional) records the heads' writes in the same pass.
+    """
+    if loaded.capture_mode != "stream":
+        raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
+    wanted = sorted(set(layers))
+    blocks = decoder_layers(loaded.base)
+    saved: dict[int, tuple[torch.Tensor, tuple, dict]] = {}
+    handles = []
+    for layer in wanted:
+
+        def pre(_module: Any, args: tuple, kwargs: dict, layer: int = layer) -> None:
+            if args:
+                saved[layer] = (args[0].detach().clone(), args[1:], dict(kwargs))
+            else:
+                rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                saved[layer] = (kwargs["hidden_states"].detach().clone(), (), rest)
+
+        handles.append(blocks[layer].register_forward_pre_hook(pre, with_kwargs=True))
+    on_device = batch.to(loaded.device)
+    inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
+    extra = {"use_cache": False} if loaded.is_causal else {}
+    try:
+        if writes is not None:
+            writes.begin(on_device)
+        with (
+            torch.inference_mode(),
+            _sink(_noop, on_device, writes=writes) as sink,
+            writes.hooked() if writes is not None else contextlib.nullcontext(),
+        ):
+            sink.record_kv = set(wanted)
+            loaded.base(**inputs, **extra)
+        if writes is not None:
+            writes.finish()
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [layer for layer in wanted if layer not in saved or layer not in sink.kv]
+    if missing:
+        raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")
+    return {
+        layer: BlockInputs(saved[layer][0], saved[layer][1], saved[layer][2], sink.kv[layer])
+        for layer in wanted
+    }
+
+
+def rerun_block(
+    loaded: Any,
+    layer: int,
+    inputs: BlockInputs,
+    batch: Batch,
+    delta: torch.Tensor | None,
+    positions: torch.Tensor,
+    on_layer: LayerCallback,
+) -> None:
+    """Run block ``layer`` again with ``delta[B, D]`` added to the residual at ``positions[B]``.
+
+    Keys and values stay as recorded, so only the queries change. ``on_layer`` receives the
+    block's attention weights as in :func:`headscope.capture.run`.
+    """
+    hidden = inputs.hidden.clone()
+    if delta is not None:
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        hidden[rows, positions.to(hidden.device)] += delta.to(device=hidden.device, dtype=hidden.dtype)
+    block = decoder_layers(loaded.base)[layer]
+    on_device = batch.to(loaded.device)
+    with torch.inference_mode(), _sink(on_layer, on_device) as sink:
+        sink.kv_override = {layer: inputs.kv}
+        block(hidden, *inputs.args, **inputs.kwargs)
