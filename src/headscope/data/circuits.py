@@ -29,7 +29,9 @@ NEEDLE_ITEM_KEYS = {"id", "lang", "needle", "question", "answer"}
 MIN_HAYSTACK_SENTENCES = 5
 
 # Scripts written without spaces between words: a name there is found as a plain substring.
-_UNSPACED = "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u0e00-\u0e7f"
+_UNSPACED = (
+    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u0e00-\u0e7f"
+)
 _UNSPACED_CHAR = re.compile(f"[{_UNSPACED}]")
 # A word character of a spaced script: what must not touch a Latin-script name on either side
 # ("Ann" is not in "Anna"; "Mary" is in "Mary和John").
@@ -126,9 +128,7 @@ def _ioi_item(raw: Any, where: str, index: int, stem: str) -> IOIItem:
         raise PromptSetError(f"{at}: 'io' (\"{io}\") does not occur in 'text'")
     if len(occurrences(text, s)) < 2:
         found = len(occurrences(text, s))
-        raise PromptSetError(
-            f"{at}: 's' (\"{s}\") must occur at least twice in 'text', found {found}"
-        )
+        raise PromptSetError(f"{at}: 's' (\"{s}\") must occur at least twice in 'text', found {found}")
     lang = _optional_string(raw, "lang", at)
     template = _optional_string(raw, "template", at)
     return IOIItem(item_id, text, io, s, lang, template, where)

@@ -1,0 +1,359 @@
+"""``retrieval``: needle in a haystack, and the heads that copy the needle (Wu et al. 2024).
+
+Each prompt is filler text with one needle sentence inserted at a sentence boundary, at a chosen
+depth, then the question and the start of the answer sentence, then the gold answer:
+
+    <haystack … needle … haystack>\\n\\nQuestion: <question>\\nAnswer: <needle up to the answer><answer>
+
+It is scored teacher-forced, in one forward pass. At each answer token where the model's top-1
+prediction is the gold token (where greedy decoding would have produced it), a head hits when its
+argmax key is a needle position holding that token. Its score is hits / counted positions, over
+every prompt; the reference is the chance that a key drawn uniformly from the visible ones is
+such a position. Intervals resample needles (all placements of one needle together).
+
+Needle accuracy is the share of prompts whose whole answer the model predicts top-1 (exactly
+when greedy decoding reproduces it); the answer loss is the mean next-token loss on the answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headscope import capture
+from headscope.data.circuits import NeedleItem, RetrievalSet
+from headscope.detectors.circuits import RetrievalDetector
+from headscope.errors import InputError
+from headscope.models import LoadedModel
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import check_resamples
+
+from .base import ProgressFactory, Report, _pad_id, _sections
+
+Head = tuple[int, int]
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+TEMPLATES = {
+    "en": ("{haystack}\n\nQuestion: {question}\nAnswer: ", " "),
+    "zh": ("{haystack}\n\n问题：{question}\n回答：", ""),
+}
+
+
+def parse_contexts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--context {text}: expected token counts such as 1000 or 1000,2000") from None
+    if not values or any(v < 64 for v in values):
+        raise InputError(f"--context {text}: each context must be at least 64 tokens")
+    return values
+
+
+def parse_depths(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--depths {text}: expected fractions such as 0,0.25,0.5,0.75,1") from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise InputError(f"--depths {text}: every depth must lie between 0 and 1 (0 = start, 1 = end)")
+    return values
+
+
+def _lang(item: NeedleItem) -> str:
+    if item.lang is not None:
+        return "zh" if item.lang.lower().startswith("zh") else "en"
+    return "zh" if any(ord(ch) >= 0x2E80 for ch in item.needle) else "en"
+
+
+@dataclass
+class NeedlePrompt:
+    needle: int  # index of the needle in the set
+    context: int  # asked-for length
+    depth: float
+    ids: list[int]
+    special: list[bool]
+    queries: list[int]  # positions whose next token is an answer token
+    gold: list[int]  # that token
+    needle_keys: list[list[int]]  # per query: needle positions holding the gold token
+
+
+def build_prompts(
+    loaded: LoadedModel,
+    needles: RetrievalSet,
+    haystack: Sequence[str],
+    contexts: Sequence[int],
+    depths: Sequence[float],
+    *,
+    seed: int = 0,
+) -> list[NeedlePrompt]:
+    """Every needle at every context length and depth."""
+    tokenizer = loaded.tokenizer
+    limit = loaded.max_positions
+    for context in contexts:
+        if limit is not None and context > limit:
+            raise InputError(f"--context {context} is longer than the model's context of {limit} tokens")
+    lengths = [len(tokenizer(" " + s, add_special_tokens=False)["input_ids"]) for s in haystack]
+    rng = random.Random(seed)
+    starts = [rng.randrange(len(haystack)) for _ in needles.items]
+    prompts = []
+    for index, item in enumerate(needles.items):
+        template, joiner = TEMPLATES[_lang(item)]
+        tail = template.split("{haystack}")[1].format(question=item.question) + item.answer_prefix + item.answer
+        overhead = len(tokenizer(joiner + item.needle + tail, add_special_tokens=True)["input_ids"])
+        for context in contexts:
+            budget = context - overhead
+            chosen: list[str] = []
+            used, position = 0, starts[index]
+            while len(chosen) < 100_000:
+                size = lengths[position % len(haystack)]
+                if used + size > budget:
+                    break
+                chosen.append(haystack[position % len(haystack)])
+                used += size
+                position += 1
+            if len(chosen) < 2:
+                raise InputError(
+                    f"--context {context} is too short: needle '{item.id}' with its question takes {overhead} tokens",
+                    hint="use a longer context",
+                )
+            for depth in depths:
+                cut = round(depth * len(chosen))
+                before = joiner.join(chosen[:cut])
+                after = joiner.join(chosen[cut:])
+                lead = before + joiner if before else ""
+                needle_start = len(lead)
+                hay = lead + item.needle + (joiner + after if after else "")
+                text = template.format(haystack=hay, question=item.question) + item.answer_prefix + item.answer
+                prompts.append(_encode(loaded, text, item, index, context, depth, needle_start))
+    return prompts
+
+
+def _encode(
+    loaded: LoadedModel, text: str, item: NeedleItem, index: int, context: int, depth: float, needle_start: int
+) -> NeedlePrompt:
+    enc = loaded.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    ids = list(enc["input_ids"])
+    special = [bool(s) for s in enc["special_tokens_mask"]]
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    limit = loaded.max_positions
+    if limit is not None and len(ids) > limit:
+        raise InputError(f"--context {context}: the prompt is {len(ids)} tokens, longer than the model's {limit}")
+
+    def inside(start: int, end: int) -> list[int]:
+        return [i for i, (a, b) in enumerate(offsets) if not special[i] and b > a and a < end and start < b]
+
+    answer_tokens = [i for i in inside(len(text) - len(item.answer), len(text)) if i >= 1]
+    needle_tokens = inside(needle_start, needle_start + len(item.needle))
+    queries = [i - 1 for i in answer_tokens]
+    gold = [ids[i] for i in answer_tokens]
+    needle_keys = [[k for k in needle_tokens if ids[k] == token] for token in gold]
+    return NeedlePrompt(index, context, depth, ids, special, queries, gold, needle_keys)
+
+
+@dataclass
+class NeedleOutcome:
+    """Needle accuracy and answer loss, overall and per (context, depth)."""
+
+    n: int
+    accuracy: float
+    answer_loss: float
+    cells: list[dict[str, Any]]  # context, depth, n, correct, accuracy, mean_tokens
+    counted: int  # answer positions predicted right (the retrieval score's n)
+    answer_tokens: int
+    per_prompt: list[bool] = field(repr=False, default_factory=list)
+
+
+def _measure(
+    loaded: LoadedModel,
+    prompts: list[NeedlePrompt],
+    batches: list[capture.Batch],
+    detector: RetrievalDetector | None,
+    ablation: capture.Ablation | None = None,
+    progress: ProgressFactory | None = None,
+    label: str = "",
+) -> NeedleOutcome:
+    correct_all = [False] * len(prompts)
+    loss_sum, loss_count, counted = 0.0, 0, 0
+    head = loaded.model.get_output_embeddings()
+    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
+    advance = progress(label, len(prompts)) if progress else None
+
+    def on_hidden(hidden: torch.Tensor, batch: capture.Batch) -> None:
+        nonlocal loss_sum, loss_count, counted
+        correct: dict[tuple[int, int], bool] = {}
+        for row, meta in enumerate(batch.meta):
+            queries = torch.as_tensor(meta["queries"], dtype=torch.long, device=hidden.device)
+            logits = head(hidden[row, queries]).float()
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
+            gold = torch.as_tensor(meta["gold"], dtype=torch.long, device=logits.device)
+            hit = (logits.argmax(-1) == gold).cpu()
+            losses = torch.logsumexp(logits, -1) - logits.gather(-1, gold[:, None])[:, 0]
+            loss_sum += float(losses.double().sum())
+            loss_count += len(gold)
+            counted += int(hit.sum())
+            correct_all[meta["prompt"]] = bool(hit.all())
+            for query, ok in zip(meta["queries"], hit.tolist(), strict=True):
+                correct[(row, query)] = ok
+        if detector is not None:
+            detector.settle(batch, correct)
+
+    on_layer = detector.update if detector is not None else (lambda *_: None)
+    capture.run(
+        loaded,
+        batches,
+        on_layer,
+        ablation=ablation,
+        on_hidden=on_hidden,
+        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+    )
+    cells = []
+    for key in dict.fromkeys((p.context, p.depth) for p in prompts):
+        members = [i for i, p in enumerate(prompts) if (p.context, p.depth) == key]
+        right = sum(correct_all[i] for i in members)
+        cells.append(
+            {
+                "context": key[0],
+                "depth": key[1],
+                "n": len(members),
+                "correct": right,
+                "accuracy": right / len(members),
+                "mean_tokens": sum(len(prompts[i].ids) for i in members) / len(members),
+            }
+        )
+    return NeedleOutcome(
+        len(prompts),
+        sum(correct_all) / max(1, len(prompts)),
+        loss_sum / max(1, loss_count),
+        cells,
+        counted,
+        loss_count,
+        correct_all,
+    )
+
+
+def needle_batches(loaded: LoadedModel, prompts: list[NeedlePrompt], batch_size: int) -> list[capture.Batch]:
+    meta = [
+        {"prompt": i, "queries": p.queries, "gold": p.gold, "needle_keys": p.needle_keys}
+        for i, p in enumerate(prompts)
+    ]
+    batches = capture.make_batches(
+        [p.ids for p in prompts],
+        [p.special for p in prompts],
+        batch_size=batch_size,
+        pad_id=_pad_id(loaded),
+        is_causal=loaded.is_causal,
+        meta=meta,
+    )
+    for batch in batches:  # scores are kept per needle: all its placements are one example
+        batch.example_index = torch.as_tensor([prompts[m["prompt"]].needle for m in batch.meta], dtype=torch.long)
+    return batches
+
+
+def retrieval(
+    loaded: LoadedModel,
+    needles: RetrievalSet,
+    haystack: Sequence[str],
+    *,
+    contexts: Sequence[int] = (1000,),
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    batch_size: int = 2,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    data: str | None = None,
+    role_rule: RoleRule | None = None,
+    progress: ProgressFactory | None = None,
+) -> tuple[Report, NeedleOutcome, list[NeedlePrompt], list[capture.Batch]]:
+    if not (loaded.is_causal and loaded.has_lm_head):
+        raise InputError("retrieval reads the model's next-token predictions, so it needs a causal language model")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    check_resamples(n_resamples)
+    data = data or needles.name
+    prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
+    batches = needle_batches(loaded, prompts, batch_size)
+    detector = RetrievalDetector()
+    detector.start(loaded.layout, len(needles.items))
+    outcome = _measure(loaded, prompts, batches, detector, progress=progress, label=data)
+    results = detector.results(data)
+    for result in results:
+        result.data = data
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
+    )
+    contexts_text = ",".join(str(c) for c in contexts)
+    description = (
+        f"{needles.path} ({len(needles.items)} needles x {len(depths)} depths at {contexts_text} tokens)"
+    )
+    notes = []
+    if outcome.counted == 0:
+        notes.append(f"{data}: the model predicted no answer token right, so no head could be scored")
+    report = Report(
+        loaded.name,
+        table,
+        _sections(results, {data: description}),
+        loaded.capture_mode,
+        notes=notes + uncertainty_notes(results, n_resamples),
+        results=results,
+        inputs={data: batches},
+        layout=loaded.layout,
+    )
+    return report, outcome, prompts, batches
+
+
+@dataclass
+class RetrievalAblation:
+    mode: str
+    heads: list[Head]
+    random_heads: list[list[Head]]
+    clean: NeedleOutcome
+    ablated: NeedleOutcome
+    random: list[NeedleOutcome]
+
+    def to_json(self) -> dict[str, Any]:
+        def one(o: NeedleOutcome) -> dict[str, float]:
+            return {"accuracy": o.accuracy, "answer_loss": o.answer_loss}
+
+        return {
+            "mode": self.mode,
+            "heads": [list(h) for h in self.heads],
+            "random_heads": [[list(h) for h in d] for d in self.random_heads],
+            "clean": one(self.clean),
+            "ablated": one(self.ablated),
+            "random": [one(o) for o in self.random],
+        }
+
+
+def ablate_retrieval(
+    loaded: LoadedModel,
+    prompts: list[NeedlePrompt],
+    batches: list[capture.Batch],
+    heads: Sequence[Head],
+    clean: NeedleOutcome,
+    *,
+    mode: str = "zero",
+    draws: int = 3,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> RetrievalAblation:
+    """Needle accuracy and answer loss with the top heads ablated, and with random same-layer heads."""
+    from headscope.analyses.ablation import random_control
+
+    if mode not in {"zero", "mean"}:
+        raise InputError(f"--ablation must be zero or mean, got {mode!r}")
+    rng = random.Random(seed)
+    controls = [random_control(list(heads), loaded.layout, rng) for _ in range(draws)]
+    means = None
+    if mode == "mean":
+        means = capture.head_output_means(loaded, batches, [*heads, *(h for c in controls for h in c)])
+    ablated = _measure(loaded, prompts, batches, None, capture.Ablation.of(heads, mode, means), progress, "ablate top")
+    random_runs = [
+        _measure(loaded, prompts, batches, None, capture.Ablation.of(c, mode, means), progress, f"ablate random {i + 1}")
+        for i, c in enumerate(controls)
+    ]
+    return RetrievalAblation(mode, list(heads), controls, clean, ablated, random_runs)
