@@ -277,14 +277,22 @@ def scan(
                 progress=progress,
             )
             checks = None
+            circuit_checks: list = []
             if verify:
                 from headscope.analyses.ablation import verify as run_verify
 
                 checks = run_verify(loaded, result, k=verify_k, seed=seed, progress=progress)
+                circuit_checks = _verify_circuits(loaded, result, verify_k, seed, progress)
 
         def after(console: Console) -> None:
             if checks is not None:
                 report.print_verification(checks, console, verify_k, "zero")
+                console.print()
+            for kind, check in circuit_checks:
+                if kind == "ioi":
+                    report.print_ioi_verification(check, console)
+                else:
+                    report.print_retrieval_ablation(check, console)
                 console.print()
             report.print_role_map(result, console, rule.describe())
 
@@ -301,6 +309,7 @@ def scan(
                 "roles": report.roles_records(result),
                 "role_rule": rule.describe(),
                 "verification": None if checks is None else [_verification_json(c) for c in checks],
+                "circuit_verification": [c.to_json() for _, c in circuit_checks] or None,
             },
         )
         if roles_csv is not None:
@@ -506,6 +515,260 @@ def coref(
                 loaded, coref_set, batch_size=batch_size, n_resamples=resamples, seed=seed, progress=progress
             )
         _finish(result, "coref", fmt=fmt, output=output, force=force, csv=csv, top=top)
+
+
+AblationOpt = Annotated[
+    AblationMode,
+    typer.Option(
+        "--ablation",
+        help="Replace ablated head outputs by zeros, or by their per-position mean over the whole set (one extra calibration pass).",
+    ),
+]
+
+
+@app.command()
+def retrieval(
+    model: ModelArg = "smollm2-135m",
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Needles, YAML or JSONL: needle, question, answer (default: the shipped English set).",
+        ),
+    ] = None,
+    haystack: Annotated[
+        Path | None,
+        typer.Option(
+            "--haystack",
+            help="Filler text: .txt, or .conllu (its # text lines). Default: the shipped one for the needles' language.",
+        ),
+    ] = None,
+    context: Annotated[
+        str, typer.Option("--context", help="Prompt lengths in tokens, comma-separated (e.g. 1000,2000).")
+    ] = "1000",
+    depths: Annotated[
+        str,
+        typer.Option("--depths", help="Where the needle goes: fractions of the context, 0 = start, 1 = end."),
+    ] = "0,0.25,0.5,0.75,1",
+    needles: Annotated[
+        int | None, typer.Option("--needles", min=1, help="Use only the first N needles (default: all).")
+    ] = None,
+    ablate: Annotated[
+        int,
+        typer.Option(
+            "--ablate", min=0, help="Ablate the top-K retrieval heads and K random same-layer heads."
+        ),
+    ] = 0,
+    ablation: AblationOpt = AblationMode.zero,
+    draws: Annotated[int, typer.Option("--draws", min=1, help="Random-control draws for --ablate.")] = 3,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Draw needle accuracy by context and depth into this PNG.")
+    ] = None,
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per forward pass.")] = 2,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    device_map: DeviceMapOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Needle in a haystack: needle accuracy by context and depth, and the heads that copy the needle."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from headscope import analyses
+        from headscope.analyses import retrieval as needle
+        from headscope.data.circuits import load_haystack, load_retrieval
+        from headscope.data.prompts import builtin
+        from headscope.outputs import report, views
+
+        contexts = needle.parse_contexts(context)
+        depth_values = needle.parse_depths(depths)
+        _check_outputs(force, ("-o", output), ("--csv", csv), ("--png", png))
+        needle_set = load_retrieval(data if data is not None else builtin("retrieval/en.yaml"))
+        if needles is not None:
+            needle_set.items = needle_set.items[:needles]
+        if haystack is None:
+            lang = needle.language_of(needle_set)
+            haystack = builtin(f"retrieval/haystack-{lang}.txt")
+        sentences = load_haystack(haystack)
+        loaded = _load(model, device, dtype, CaptureMode.auto, device_map)
+        _header(loaded)
+        if not (loaded.is_causal and loaded.has_lm_head):
+            raise InputError(
+                f"{loaded.name} is not a causal language model; retrieval reads its next-token predictions"
+            )
+        heads_total = loaded.layout.n_layers * loaded.layout.n_heads
+        if ablate > heads_total // 2:
+            raise InputError(
+                f"--ablate {ablate} leaves too few heads for a random control",
+                hint=f"use at most {heads_total // 2}",
+            )
+        with _progress() as progress:
+            result, outcome, prompts, batches = needle.retrieval(
+                loaded,
+                needle_set,
+                sentences,
+                contexts=contexts,
+                depths=depth_values,
+                batch_size=batch_size,
+                n_resamples=resamples,
+                seed=seed,
+                progress=progress,
+            )
+            effect = None
+            if ablate:
+                heads = analyses.top_heads(result.table, "retrieval", ablate)
+                effect = needle.ablate_retrieval(
+                    loaded,
+                    prompts,
+                    batches,
+                    heads,
+                    outcome,
+                    mode=ablation.value,
+                    draws=draws,
+                    seed=seed,
+                    progress=progress,
+                )
+
+        def after(console: Console) -> None:
+            if effect is not None:
+                report.print_retrieval_ablation(effect, console)
+
+        _finish(
+            result,
+            "retrieval",
+            fmt=fmt,
+            output=output,
+            force=force,
+            csv=csv,
+            top=top,
+            after=after,
+            extra_json=lambda: {"ablation": None if effect is None else effect.to_json()},
+        )
+        if png is not None:
+            with report.atomic_path(png, "--png", force) as tmp:
+                views.save_needle_png(outcome, tmp, f"{loaded.name}: {needle_set.name}")
+            err.print(f"wrote {png}", soft_wrap=True)
+
+
+@app.command()
+def ioi(
+    model: ModelArg = "smollm2-135m",
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data", help="IOI prompts, YAML or JSONL: text, io, s (default: the shipped English set)."
+        ),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Ablate the name movers and random same-layer heads; report the logit difference.",
+        ),
+    ] = False,
+    ablation: AblationOpt = AblationMode.zero,
+    draws: Annotated[int, typer.Option("--draws", min=1, help="Random-control draws for --verify.")] = 3,
+    patch: Annotated[
+        bool,
+        typer.Option("--patch/--no-patch", help="Find S-inhibition heads by path patching (the slow part)."),
+    ] = True,
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    device_map: DeviceMapOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Indirect object identification: name movers, negative name movers and S-inhibition heads."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from headscope.analyses import ioi as circuit
+        from headscope.data.circuits import load_ioi
+        from headscope.data.prompts import builtin
+        from headscope.outputs import report
+
+        _check_outputs(force, ("-o", output), ("--csv", csv))
+        ioi_set = load_ioi(data if data is not None else builtin("ioi/en.yaml"))
+        loaded = _load(model, device, dtype, CaptureMode.auto, device_map)
+        _header(loaded)
+        with _progress() as progress:
+            result, outcome, _ = circuit.ioi(
+                loaded,
+                ioi_set,
+                batch_size=batch_size,
+                n_resamples=resamples,
+                seed=seed,
+                patch=patch,
+                progress=progress,
+            )
+            check = None
+            if verify:
+                check = circuit.verify_ioi(
+                    loaded, result, ioi_set.name, mode=ablation.value, draws=draws, seed=seed
+                )
+                if check is None:
+                    result.notes.append("--verify: no name movers to ablate")
+
+        def after(console: Console) -> None:
+            if check is not None:
+                report.print_ioi_verification(check, console)
+
+        _finish(
+            result,
+            "ioi",
+            fmt=fmt,
+            output=output,
+            force=force,
+            csv=csv,
+            top=top,
+            after=after,
+            extra_json=lambda: {"verification": None if check is None else check.to_json()},
+        )
+
+
+def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # noqa: ANN001
+    """scan --verify for the circuit tables: name movers by logit difference, retrieval heads by needle accuracy."""
+    from headscope.analyses import ioi as circuit
+    from headscope.analyses import retrieval as needle
+    from headscope.analyses.ablation import top_heads
+
+    out = []
+    for data, outcome in result.outcomes.items():
+        if isinstance(outcome, circuit.IOIOutcome):
+            check = circuit.verify_ioi(loaded, result, data, draws=1, seed=seed)
+            if check is not None:
+                out.append(("ioi", check))
+        elif isinstance(outcome, needle.NeedleOutcome):
+            heads = top_heads(result.table, "retrieval", k, data=data)
+            batches = result.inputs[data]
+            out.append(
+                (
+                    "retrieval",
+                    needle.ablate_retrieval(
+                        loaded,
+                        outcome.prompts,
+                        batches,
+                        heads,
+                        outcome,
+                        draws=1,
+                        seed=seed,
+                        progress=progress,
+                    ),
+                )
+            )
+    return out
 
 
 def _verification_json(check) -> dict:  # noqa: ANN001

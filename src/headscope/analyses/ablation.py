@@ -186,6 +186,8 @@ def top_heads(table: Any, detector: str, k: int, data: str | None = None) -> lis
 
 
 REPEAT_JUDGED = {"previous-token", "duplicate-token", "induction"}
+# Checked by their own analyses (logit difference, needle accuracy), not by token loss here.
+CIRCUIT_CHECKED = {"ioi", "retrieval"}
 
 
 @dataclass
@@ -302,8 +304,9 @@ def verify(
         for s in report.sections
         if s.n >= min_n
         and s.data in report.inputs
+        and s.detector not in CIRCUIT_CHECKED
         and (
-            s.detector not in {"syntax", "coref"}
+            s.detector not in {"syntax", "coref", "ioi", "retrieval"}
             or (s.data, s.detector, s.relation, s.direction) in with_role
         )
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 import torch
@@ -94,6 +95,8 @@ class Report:
     inputs: dict[str, list[capture.Batch]] = field(default_factory=dict, repr=False)
     repeat: tuple[RepeatSpec, int] | None = None  # (spec, offset of copy 0)
     layout: HeadLayout | None = None  # the role map marks global layers where layers differ
+    # Model-level results of circuit analyses, by data name (IOIOutcome, NeedleOutcome).
+    outcomes: dict[str, Any] = field(default_factory=dict)
 
 
 def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:

@@ -70,6 +70,18 @@ class IOIOutcome:
     single_token_names: int
     diffs: torch.Tensor = field(repr=False)
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "ioi",
+            "n": self.n,
+            "accuracy": self.accuracy,
+            "accuracy_ci": list(self.accuracy_ci),
+            "logit_diff": self.logit_diff,
+            "logit_diff_ci": list(self.logit_diff_ci),
+            "names": self.names,
+            "single_token_names": self.single_token_names,
+        }
+
 
 @dataclass
 class IOIVerification:
@@ -111,14 +123,16 @@ def _first_token(tokenizer: Any, text: str, prompt_ids: list[int], name: str) ->
     return int(alone[0]), len(alone) == 1
 
 
-def _token_positions(offsets: Sequence[tuple[int, int]], special: Sequence[bool], span: tuple[int, int]) -> list[int]:
+def _token_positions(
+    offsets: Sequence[tuple[int, int]], special: Sequence[bool], span: tuple[int, int]
+) -> list[int]:
     start, end = span
-    return [
-        i for i, (a, b) in enumerate(offsets) if not special[i] and b > a and a < end and start < b
-    ]
+    return [i for i, (a, b) in enumerate(offsets) if not special[i] and b > a and a < end and start < b]
 
 
-def encode_ioi(loaded: LoadedModel, ioi_set: IOISet, seed: int = 0) -> tuple[list[IOIPrompt], list[IOIPrompt], dict[str, bool]]:
+def encode_ioi(
+    loaded: LoadedModel, ioi_set: IOISet, seed: int = 0
+) -> tuple[list[IOIPrompt], list[IOIPrompt], dict[str, bool]]:
     """Clean prompts, their ABC corruptions, and for each name whether it is a single token."""
     tokenizer = loaded.tokenizer
     pool = sorted({name for item in ioi_set.items for name in (item.io, item.s)})
@@ -152,7 +166,11 @@ def encode_ioi(loaded: LoadedModel, ioi_set: IOISet, seed: int = 0) -> tuple[lis
                 )
             single.setdefault(item.io, io_single)
             single.setdefault(item.s, s_single)
-            spans = {"io": occurrences(text, item.io)[0], "s1": s_spans[0], "s2": (a, a + len(third)) if replaced else s_spans[1]}
+            spans = {
+                "io": occurrences(text, item.io)[0],
+                "s1": s_spans[0],
+                "s2": (a, a + len(third)) if replaced else s_spans[1],
+            }
             targets = {key: _token_positions(offsets, special, span) for key, span in spans.items()}
             empty = [key for key, positions in targets.items() if not positions]
             if empty:
@@ -172,7 +190,15 @@ def _batches(loaded: LoadedModel, prompts: list[IOIPrompt], order: list[list[int
             batch_size=len(rows),
             pad_id=_pad_id(loaded),
             is_causal=loaded.is_causal,
-            meta=[{"end": prompts[i].end, "targets": prompts[i].targets, "io_id": prompts[i].io_id, "s_id": prompts[i].s_id} for i in rows],
+            meta=[
+                {
+                    "end": prompts[i].end,
+                    "targets": prompts[i].targets,
+                    "io_id": prompts[i].io_id,
+                    "s_id": prompts[i].s_id,
+                }
+                for i in rows
+            ],
             sort_by_length=False,
         )[0]
         part.example_index = torch.as_tensor(rows, dtype=torch.long)
@@ -207,7 +233,9 @@ def _mean_ci(values: torch.Tensor, n_resamples: int, seed: int) -> tuple[float, 
     n = len(values)
     if n_resamples == 0:
         return float(values.mean()), (float("nan"), float("nan"))
-    low, high = bootstrap_ratio_ci(values[:, None], torch.ones(n, dtype=torch.float64), n_resamples=n_resamples, seed=seed)
+    low, high = bootstrap_ratio_ci(
+        values[:, None], torch.ones(n, dtype=torch.float64), n_resamples=n_resamples, seed=seed
+    )
     return float(values.mean()), (float(low[0]), float(high[0]))
 
 
@@ -247,27 +275,44 @@ def s_inhibition(
         rows = clean_batch.example_index
         effect = torch.zeros(len(rows), layout.n_layers, layout.n_heads, dtype=torch.float64)
         for receiver_layer, heads in sorted(by_layer.items()):
-            base = _receiver_preference(loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, None)
+            base = _receiver_preference(
+                loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, None
+            )
             for layer in range(receiver_layer):
-                delta_all = corrupted.kept[layer] - clean_writes.kept[layer]  # [B, H, D]
-                for head in range(layout.n_heads):
-                    patched = _receiver_preference(
-                        loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, delta_all[:, head]
-                    )
-                    effect[:, layer, head] += base - patched
+                # Every head of the sender layer at once: one copy of the batch per head.
+                delta = (corrupted.kept[layer] - clean_writes.kept[layer]).transpose(0, 1)  # [H, B, D]
+                patched = _receiver_preference(
+                    loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, delta
+                )
+                effect[:, layer] += base[:, None] - patched.view(layout.n_heads, -1).T
         sums[rows] += effect / reached.clamp(min=1)[None, :, None]
         counts[rows] += 1.0
         if advance:
             advance(1)
-    return DetectorResult("ioi", "s-inhibition", "patch", sums, counts, torch.zeros(n_examples, dtype=torch.float64), "zero", data)
+    return DetectorResult(
+        "ioi",
+        "s-inhibition",
+        "patch",
+        sums,
+        counts,
+        torch.zeros(n_examples, dtype=torch.float64),
+        "zero",
+        data,
+    )
 
 
 def _receiver_preference(
-    loaded: LoadedModel, layer: int, heads: list[int], inputs: Any, batch: capture.Batch, delta: torch.Tensor | None
+    loaded: LoadedModel,
+    layer: int,
+    heads: list[int],
+    inputs: Any,
+    batch: capture.Batch,
+    delta: torch.Tensor | None,
 ) -> torch.Tensor:
-    """[B] summed over ``heads``: attention from END to IO minus attention to S1 and S2."""
+    """[copies * B] summed over ``heads``: attention from END to IO minus attention to S1 and S2."""
     ends = _ends(batch)
-    out = torch.zeros(len(ends), dtype=torch.float64)
+    copies = 1 if delta is None or delta.dim() == 2 else delta.shape[0]
+    out = torch.zeros(copies * len(ends), dtype=torch.float64)
 
     def on_layer(_layer: int, attn: torch.Tensor, b: capture.Batch, q_start: int) -> None:
         for row, meta in enumerate(b.meta):
@@ -298,7 +343,9 @@ def ioi(
     """Score every head on an IOI set. Returns the report, the model's outcome, and the batches
     (clean and corrupted, for ``--verify``)."""
     if not (loaded.is_causal and loaded.has_lm_head):
-        raise InputError("ioi reads the model's prediction of the next name, so it needs a causal language model")
+        raise InputError(
+            "ioi reads the model's prediction of the next name, so it needs a causal language model"
+        )
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     check_resamples(n_resamples)
@@ -337,14 +384,20 @@ def ioi(
     )
     ones = torch.ones(n, dtype=torch.float64)
     results = detector.results(data)
-    results.append(DetectorResult("ioi", "dla", "io-s", dla, ones, torch.zeros(n, dtype=torch.float64), "zero", data))
+    results.append(
+        DetectorResult("ioi", "dla", "io-s", dla, ones, torch.zeros(n, dtype=torch.float64), "zero", data)
+    )
     rule = role_rule or RoleRule()
-    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule)
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule
+    )
     notes = []
     movers = _name_movers(table, data, "nm")
     if patch and movers:
         results.append(s_inhibition(loaded, clean, corrupt, movers, n, data, progress))
-        table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule)
+        table = assign_roles(
+            head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule
+        )
     elif patch:
         notes.append(f"{data}: no name movers found, so no S-inhibition path patching")
 
@@ -363,6 +416,7 @@ def ioi(
         results=results,
         inputs={data: clean, f"{data}:corrupt": corrupt},
         layout=loaded.layout,
+        outcomes={data: outcome},
     )
     return report, outcome, {"clean": clean, "corrupt": corrupt}
 
@@ -391,7 +445,13 @@ def verify_ioi(
 
     def mean_diff(ablation: capture.Ablation | None) -> float:
         values: list[torch.Tensor] = []
-        capture.run(loaded, batches, lambda *_: None, ablation=ablation, on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)))
+        capture.run(
+            loaded,
+            batches,
+            lambda *_: None,
+            ablation=ablation,
+            on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)),
+        )
         return float(torch.cat(values).mean())
 
     clean = mean_diff(None)

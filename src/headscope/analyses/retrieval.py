@@ -64,6 +64,12 @@ def parse_depths(text: str) -> tuple[float, ...]:
     return values
 
 
+def language_of(needles: RetrievalSet) -> str:
+    """ "zh" when most needles are Chinese, else "en": which shipped haystack suits them."""
+    chinese = sum(_lang(item) == "zh" for item in needles.items)
+    return "zh" if chinese * 2 > len(needles.items) else "en"
+
+
 def _lang(item: NeedleItem) -> str:
     if item.lang is not None:
         return "zh" if item.lang.lower().startswith("zh") else "en"
@@ -103,7 +109,9 @@ def build_prompts(
     prompts = []
     for index, item in enumerate(needles.items):
         template, joiner = TEMPLATES[_lang(item)]
-        tail = template.split("{haystack}")[1].format(question=item.question) + item.answer_prefix + item.answer
+        tail = (
+            template.split("{haystack}")[1].format(question=item.question) + item.answer_prefix + item.answer
+        )
         overhead = len(tokenizer(joiner + item.needle + tail, add_special_tokens=True)["input_ids"])
         for context in contexts:
             budget = context - overhead
@@ -128,21 +136,33 @@ def build_prompts(
                 lead = before + joiner if before else ""
                 needle_start = len(lead)
                 hay = lead + item.needle + (joiner + after if after else "")
-                text = template.format(haystack=hay, question=item.question) + item.answer_prefix + item.answer
+                text = (
+                    template.format(haystack=hay, question=item.question) + item.answer_prefix + item.answer
+                )
                 prompts.append(_encode(loaded, text, item, index, context, depth, needle_start))
     return prompts
 
 
 def _encode(
-    loaded: LoadedModel, text: str, item: NeedleItem, index: int, context: int, depth: float, needle_start: int
+    loaded: LoadedModel,
+    text: str,
+    item: NeedleItem,
+    index: int,
+    context: int,
+    depth: float,
+    needle_start: int,
 ) -> NeedlePrompt:
-    enc = loaded.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    enc = loaded.tokenizer(
+        text, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True
+    )
     ids = list(enc["input_ids"])
     special = [bool(s) for s in enc["special_tokens_mask"]]
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     limit = loaded.max_positions
     if limit is not None and len(ids) > limit:
-        raise InputError(f"--context {context}: the prompt is {len(ids)} tokens, longer than the model's {limit}")
+        raise InputError(
+            f"--context {context}: the prompt is {len(ids)} tokens, longer than the model's {limit}"
+        )
 
     def inside(start: int, end: int) -> list[int]:
         return [i for i, (a, b) in enumerate(offsets) if not special[i] and b > a and a < end and start < b]
@@ -166,6 +186,18 @@ class NeedleOutcome:
     counted: int  # answer positions predicted right (the retrieval score's n)
     answer_tokens: int
     per_prompt: list[bool] = field(repr=False, default_factory=list)
+    prompts: list[NeedlePrompt] = field(repr=False, default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "retrieval",
+            "n": self.n,
+            "accuracy": self.accuracy,
+            "answer_loss": self.answer_loss,
+            "counted_positions": self.counted,
+            "answer_tokens": self.answer_tokens,
+            "cells": self.cells,
+        }
 
 
 def _measure(
@@ -234,6 +266,7 @@ def _measure(
         counted,
         loss_count,
         correct_all,
+        prompts,
     )
 
 
@@ -251,7 +284,9 @@ def needle_batches(loaded: LoadedModel, prompts: list[NeedlePrompt], batch_size:
         meta=meta,
     )
     for batch in batches:  # scores are kept per needle: all its placements are one example
-        batch.example_index = torch.as_tensor([prompts[m["prompt"]].needle for m in batch.meta], dtype=torch.long)
+        batch.example_index = torch.as_tensor(
+            [prompts[m["prompt"]].needle for m in batch.meta], dtype=torch.long
+        )
     return batches
 
 
@@ -270,7 +305,9 @@ def retrieval(
     progress: ProgressFactory | None = None,
 ) -> tuple[Report, NeedleOutcome, list[NeedlePrompt], list[capture.Batch]]:
     if not (loaded.is_causal and loaded.has_lm_head):
-        raise InputError("retrieval reads the model's next-token predictions, so it needs a causal language model")
+        raise InputError(
+            "retrieval reads the model's next-token predictions, so it needs a causal language model"
+        )
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     check_resamples(n_resamples)
@@ -302,6 +339,7 @@ def retrieval(
         results=results,
         inputs={data: batches},
         layout=loaded.layout,
+        outcomes={data: outcome},
     )
     return report, outcome, prompts, batches
 
@@ -351,9 +389,19 @@ def ablate_retrieval(
     means = None
     if mode == "mean":
         means = capture.head_output_means(loaded, batches, [*heads, *(h for c in controls for h in c)])
-    ablated = _measure(loaded, prompts, batches, None, capture.Ablation.of(heads, mode, means), progress, "ablate top")
+    ablated = _measure(
+        loaded, prompts, batches, None, capture.Ablation.of(heads, mode, means), progress, "ablate top"
+    )
     random_runs = [
-        _measure(loaded, prompts, batches, None, capture.Ablation.of(c, mode, means), progress, f"ablate random {i + 1}")
+        _measure(
+            loaded,
+            prompts,
+            batches,
+            None,
+            capture.Ablation.of(c, mode, means),
+            progress,
+            f"ablate random {i + 1}",
+        )
         for i, c in enumerate(controls)
     ]
     return RetrievalAblation(mode, list(heads), controls, clean, ablated, random_runs)

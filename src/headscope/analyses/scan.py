@@ -38,6 +38,18 @@ DEFAULT_TREEBANKS = ("syntax/en.conllu", "syntax/zh.conllu")
 DEFAULT_COREF_SETS = ("coref/en.yaml", "coref/zh.yaml")
 
 
+DEFAULT_IOI_SETS = ("ioi/en.yaml", "ioi/zh.yaml")
+
+
+# (needles, haystack) per language. The scan bounds the cost of long prompts: one short context,
+# a few needles, two depths; `headscope retrieval` runs the full sweep.
+DEFAULT_RETRIEVAL_SETS = (
+    ("retrieval/en.yaml", "retrieval/haystack-en.txt"),
+    ("retrieval/zh.yaml", "retrieval/haystack-zh.txt"),
+)
+SCAN_RETRIEVAL = {"context": 1000, "needles": 4, "depths": (0.25, 0.75)}
+
+
 def scan(
     loaded: LoadedModel,
     *,
@@ -112,6 +124,21 @@ def scan(
             notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
             inputs.update(part.inputs)
 
+    outcomes: dict = {}
+    circuits = [s for s in ("ioi", "retrieval") if _detectors_for(s, detector_names)]
+    if circuits and not (loaded.is_causal and loaded.has_lm_head):
+        notes.append(
+            f"{', '.join(circuits)}: not run: they read next-token predictions of a causal language model"
+        )
+        circuits = []
+    for source in circuits:
+        for part in _circuit_parts(loaded, source, batch_size, n_resamples, seed, role_rule, progress):
+            results += part.results
+            descriptions.update({s.data: s.description for s in part.sections})
+            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, n_resamples)]
+            inputs.update(part.inputs)
+            outcomes.update(part.outcomes)
+
     table = assign_roles(
         head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
     )
@@ -125,4 +152,53 @@ def scan(
         inputs=inputs,
         repeat=repeat_info,
         layout=loaded.layout,
+        outcomes=outcomes,
     )
+
+
+def _circuit_parts(
+    loaded: LoadedModel,
+    source: str,
+    batch_size: int,
+    n_resamples: int,
+    seed: int,
+    role_rule: RoleRule | None,
+    progress: ProgressFactory | None,
+) -> list[Report]:
+    """The IOI sets, or the short retrieval sweep, as reports to merge into the scan."""
+    from headscope.data.circuits import load_haystack, load_ioi, load_retrieval
+
+    from .ioi import ioi
+    from .retrieval import retrieval
+
+    parts = []
+    if source == "ioi":
+        for name in DEFAULT_IOI_SETS:
+            report, _, _ = ioi(
+                loaded,
+                load_ioi(builtin(name)),
+                batch_size=batch_size,
+                n_resamples=n_resamples,
+                seed=seed,
+                role_rule=role_rule,
+                progress=progress,
+            )
+            parts.append(report)
+        return parts
+    for needles_name, haystack_name in DEFAULT_RETRIEVAL_SETS:
+        needles = load_retrieval(builtin(needles_name))
+        needles.items = needles.items[: SCAN_RETRIEVAL["needles"]]
+        report, _, _, _ = retrieval(
+            loaded,
+            needles,
+            load_haystack(builtin(haystack_name)),
+            contexts=(SCAN_RETRIEVAL["context"],),
+            depths=SCAN_RETRIEVAL["depths"],
+            batch_size=max(1, min(batch_size, 2)),
+            n_resamples=n_resamples,
+            seed=seed,
+            role_rule=role_rule,
+            progress=progress,
+        )
+        parts.append(report)
+    return parts

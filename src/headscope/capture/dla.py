@@ -50,7 +50,11 @@ class FrozenNorm:
         dim = weight.shape[-1]
         device, dtype = weight.device, weight.dtype
         eps = next(
-            (float(getattr(norm, name)) for name in ("variance_epsilon", "eps", "epsilon") if hasattr(norm, name)),
+            (
+                float(getattr(norm, name))
+                for name in ("variance_epsilon", "eps", "epsilon")
+                if hasattr(norm, name)
+            ),
             1e-6,
         )
         with torch.no_grad():
@@ -130,10 +134,8 @@ def output_projection(attention: torch.nn.Module, n_heads: int) -> tuple[torch.T
         if proj is None or not hasattr(proj, "weight"):
             continue
         weight = proj.weight
-        if isinstance(proj, torch.nn.Linear):
-            w_o = weight.T  # Linear: [d_model, heads * head_dim]
-        else:  # GPT-2's Conv1D stores [in, out]
-            w_o = weight
+        # Linear stores [d_model, heads * head_dim]; GPT-2's Conv1D stores [in, out].
+        w_o = weight.T if isinstance(proj, torch.nn.Linear) else weight
         inner, d_model = w_o.shape
         return w_o.reshape(n_heads, inner // n_heads, d_model), getattr(proj, "bias", None)
     raise RunFailure(f"cannot find the output projection of {type(attention).__name__}")

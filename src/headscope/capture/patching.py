@@ -92,6 +92,23 @@ def record_block_inputs(
     }
 
 
+def _tile(value: Any, rows: int, copies: int) -> Any:
+    """Repeat every tensor whose first dimension is the batch ``copies`` times along it."""
+    if copies == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 0 and value.shape[0] == rows:
+            return value.repeat(copies, *([1] * (value.dim() - 1)))
+        return value
+    if isinstance(value, tuple):
+        return tuple(_tile(v, rows, copies) for v in value)
+    if isinstance(value, list):
+        return [_tile(v, rows, copies) for v in value]
+    if isinstance(value, dict):
+        return {k: _tile(v, rows, copies) for k, v in value.items()}
+    return value
+
+
 def rerun_block(
     loaded: Any,
     layer: int,
@@ -101,17 +118,34 @@ def rerun_block(
     positions: torch.Tensor,
     on_layer: LayerCallback,
 ) -> None:
-    """Run block ``layer`` again with ``delta[B, D]`` added to the residual at ``positions[B]``.
+    """Run block ``layer`` again with ``delta`` added to the residual at ``positions[B]``.
 
-    Keys and values stay as recorded, so only the queries change. ``on_layer`` receives the
-    block's attention weights as in :func:`headscope.capture.run`.
+    ``delta`` is ``[B, D]``, or ``[S, B, D]`` for S alternative changes run side by side as
+    S copies of the batch (row ``s * B + b`` of the weights is copy s of row b). Keys and values
+    stay as recorded, so only the queries change. ``on_layer`` receives the block's attention
+    weights as in :func:`headscope.capture.run`, with a batch whose rows are the copies.
     """
-    hidden = inputs.hidden.clone()
+    rows = inputs.hidden.shape[0]
+    copies = 1 if delta is None or delta.dim() == 2 else delta.shape[0]
+    hidden = inputs.hidden.repeat(copies, 1, 1)
     if delta is not None:
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        hidden[rows, positions.to(hidden.device)] += delta.to(device=hidden.device, dtype=hidden.dtype)
+        flat = delta.reshape(copies * rows, -1).to(device=hidden.device, dtype=hidden.dtype)
+        index = torch.arange(copies * rows, device=hidden.device)
+        hidden[index, positions.to(hidden.device).repeat(copies)] += flat
     block = decoder_layers(loaded.base)[layer]
     on_device = batch.to(loaded.device)
+    if copies > 1:
+        on_device = Batch(
+            on_device.input_ids.repeat(copies, 1),
+            on_device.attention_mask.repeat(copies, 1),
+            on_device.special.repeat(copies, 1),
+            on_device.example_index.repeat(copies),
+            on_device.is_causal,
+            list(on_device.meta) * copies,
+        )
+    args = _tile(inputs.args, rows, copies)
+    kwargs = _tile(inputs.kwargs, rows, copies)
+    kv = _tile(inputs.kv, rows, copies)
     with torch.inference_mode(), _sink(on_layer, on_device) as sink:
-        sink.kv_override = {layer: inputs.kv}
-        block(hidden, *inputs.args, **inputs.kwargs)
+        sink.kv_override = {layer: kv}
+        block(hidden, *args, **kwargs)

@@ -273,7 +273,9 @@ def run(
     when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
     states ``[B, T, D]`` (after the final norm), for logits at a few positions.
     """
-    if (ablation is not None or recorder is not None or writes is not None) and loaded.capture_mode != "stream":
+    if (
+        ablation is not None or recorder is not None or writes is not None
+    ) and loaded.capture_mode != "stream":
         raise RunFailure(
             "head ablation and per-head writes need streaming capture", hint="drop --capture eager"
         )

@@ -100,7 +100,9 @@ class RetrievalDetector(Detector):
                 hits = (top[:, None] == wanted[None, :]).any(-1)
                 slot = (row, query)
                 if slot not in self.pending:
-                    self.pending[slot] = torch.zeros(self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+                    self.pending[slot] = torch.zeros(
+                        self.layout.n_layers, self.layout.n_heads, dtype=torch.bool
+                    )
                     self.pending_base[slot] = torch.zeros(self.layout.n_layers, dtype=torch.float64)
                 self.pending[slot][layer] = hits
                 inside = wanted[wanted < keys]

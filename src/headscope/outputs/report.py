@@ -152,6 +152,8 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
             "first": report.loss.first,
             "later": report.loss.later,
         }
+    if report.outcomes:
+        out["outcomes"] = {data: outcome.to_json() for data, outcome in report.outcomes.items()}
     out.update({key: value for key, value in extra.items() if value is not None})
     return out
 
@@ -281,9 +283,120 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
     return table
 
 
+IOI_CAPTION = (
+    "DLA: the head's direct logit attribution toward IO against S at the last token (nats, through "
+    "the final norm at the actual residual); IO/S1/S2: its attention from the last token; S-inh: how much "
+    "the name movers' attention to IO minus S drops when this head's output at the last token is "
+    "patched in from the ABC run (path patching into their queries only); CI: 95% bootstrap over prompts"
+)
+
+
+def _head_rows(report: Report, data: str, relation: str, direction: str) -> pd.DataFrame:
+    table = report.table
+    rows = table[
+        (table.data == data)
+        & (table.detector == "ioi")
+        & (table.relation == relation)
+        & (table.direction == direction)
+    ]
+    return rows.set_index(["layer", "head"])
+
+
+def ioi_table(report: Report, data: str, top: int) -> Table:
+    """Heads with an IOI role, then the largest |DLA|, with their attention and patching effect."""
+    dla = _head_rows(report, data, "dla", "io-s")
+    attention = {t: _head_rows(report, data, "attention", t) for t in ("io", "s1", "s2")}
+    patch = _head_rows(report, data, "s-inhibition", "patch")
+    roles = report.table[
+        (report.table.data == data) & (report.table.detector == "ioi") & (report.table.role != "")
+    ]
+    chosen = list(dict.fromkeys((int(r.layer), int(r.head)) for r in roles.itertuples()))
+    by_size = dla.assign(size=dla.score.abs()).sort_values("size", ascending=False)
+    for key in by_size.index[: max(top, 0)]:
+        if key not in chosen and len(chosen) < max(top, len(roles)):
+            chosen.append((int(key[0]), int(key[1])))
+    movers = roles[roles.role == "nm"]
+    last_receiver = int(movers.layer.max()) if len(movers) else -1
+    table = Table()
+    columns = ["head", "role", "DLA", "95% CI", "IO", "S1", "S2"]
+    if len(patch):
+        columns += ["S-inh", "95% CI "]
+    for name in columns:
+        table.add_column(name, justify="left" if name in {"head", "role"} else "right")
+    for key in sorted(chosen):
+        row = dla.loc[key]
+        role = ",".join(
+            dict.fromkeys(r.role for r in roles.itertuples() if (int(r.layer), int(r.head)) == key)
+        )
+        cells = [
+            f"L{key[0]} H{key[1]}",
+            role,
+            f"{row.score:+.3f}",
+            _fmt_ci(row.ci_low, row.ci_high, "–", brackets=False),
+            *(_fmt(float(attention[t].loc[key].score)) for t in ("io", "s1", "s2")),
+        ]
+        if len(patch):
+            effect = patch.loc[key]
+            if key[0] < last_receiver:
+                cells += [f"{effect.score:+.3f}", _fmt_ci(effect.ci_low, effect.ci_high, "–", brackets=False)]
+            else:  # not a sender: path patching only runs from layers before the last name mover
+                cells += ["–", "–"]
+        table.add_row(*cells)
+    return table
+
+
+def ioi_summary(outcome: Any) -> str:
+    right = round(outcome.accuracy * outcome.n)
+    return (
+        f"IOI accuracy {right}/{outcome.n} = {_fmt(outcome.accuracy)} {_fmt_ci(*outcome.accuracy_ci)}; "
+        f"mean logit difference IO − S {_fmt(outcome.logit_diff)} {_fmt_ci(*outcome.logit_diff_ci)} nats; "
+        f"{outcome.single_token_names} of {outcome.names} names are one token"
+    )
+
+
+def needle_table(outcome: Any) -> Table:
+    """Needle accuracy by context length (rows) and depth (columns), like a NIAH heatmap."""
+    contexts = list(dict.fromkeys(c["context"] for c in outcome.cells))
+    depths = list(dict.fromkeys(c["depth"] for c in outcome.cells))
+    cells = {(c["context"], c["depth"]): c for c in outcome.cells}
+    table = Table()
+    table.add_column("context (tokens)", justify="right")
+    for depth in depths:
+        table.add_column(f"depth {depth:g}", justify="right")
+    for context in contexts:
+        mean_tokens = sum(cells[(context, d)]["mean_tokens"] for d in depths) / len(depths)
+        table.add_row(
+            f"{context} (~{mean_tokens:.0f})",
+            *(f"{cells[(context, d)]['correct']}/{cells[(context, d)]['n']}" for d in depths),
+        )
+    return table
+
+
+def needle_summary(outcome: Any) -> str:
+    right = sum(outcome.per_prompt)
+    return (
+        f"needle accuracy {right}/{outcome.n} = {_fmt(outcome.accuracy)} (every answer token top-1, "
+        f"as greedy decoding would give it); answer loss {_fmt(outcome.answer_loss)} nats; "
+        f"{outcome.counted} of {outcome.answer_tokens} answer tokens predicted right (the retrieval score's n)"
+    )
+
+
 def print_report(report: Report, console: Console, top: int) -> None:
     printed_syntax: set[str] = set()
+    printed_ioi: set[str] = set()
     for section in report.sections:
+        if section.detector == "ioi":
+            if section.data in printed_ioi:
+                continue
+            printed_ioi.add(section.data)
+            console.print(f"[bold]ioi · {section.data}[/bold]: {section.summary}")
+            outcome = report.outcomes.get(section.data)
+            if outcome is not None:
+                console.print(ioi_summary(outcome))
+            console.print(ioi_table(report, section.data, top))
+            console.print(f"data: {section.description}; {IOI_CAPTION}")
+            console.print()
+            continue
         if section.detector == "syntax":
             if section.data in printed_syntax:
                 continue
@@ -303,6 +416,10 @@ def print_report(report: Report, console: Console, top: int) -> None:
         if section.detector == "coref":
             title = f"coreference · {section.data} · {RELATION_NAMES['coref']}"
         console.print(f"[bold]{title}[/bold]: {section.summary}")
+        if section.detector == "retrieval" and section.data in report.outcomes:
+            outcome = report.outcomes[section.data]
+            console.print(needle_summary(outcome))
+            console.print(needle_table(outcome))
         console.print(top_heads_table(report, section, top))
         console.print(section_caption(section))
         console.print()
@@ -571,3 +688,45 @@ def print_info(info: dict[str, Any], console: Console) -> None:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+
+
+def print_retrieval_ablation(result: Any, console: Console) -> None:
+    """Needle accuracy and answer loss: intact, top-K retrieval heads ablated, random same-layer heads."""
+    k = len(result.heads)
+    console.print(
+        f"[bold]ablation ({result.mode})[/bold]: top-{k} retrieval heads vs {k} random heads "
+        f"from the same layers ({len(result.random)} draws)"
+    )
+    table = Table()
+    for name in ("run", "heads", "needle accuracy", "answer loss (nats)"):
+        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
+
+    def heads_text(heads: list) -> str:
+        return " ".join(f"L{layer}H{head}" for layer, head in heads)
+
+    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(result.clean.answer_loss))
+    table.add_row(
+        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(result.ablated.answer_loss)
+    )
+    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
+        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(run.answer_loss))
+    console.print(table)
+    mean_random = sum(r.accuracy for r in result.random) / len(result.random)
+    console.print(
+        f"needle accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} with the top heads "
+        f"ablated, → {_fmt(mean_random)} (mean) with random heads"
+    )
+
+
+def print_ioi_verification(check: Any, console: Console) -> None:
+    k = len(check.heads)
+    heads = " ".join(f"L{layer}H{head}" for layer, head in check.heads)
+    console.print(
+        f"[bold]verify ({check.mode}) · {check.data}[/bold]: ablate the {k} name movers ({heads}) "
+        f"vs {k} random same-layer heads ({len(check.random_heads)} draws)"
+    )
+    console.print(
+        f"mean logit difference IO − S: clean {_fmt(check.clean)}, name movers ablated {_fmt(check.ablated)} "
+        f"({check.ablated - check.clean:+.3f}), random heads ablated {_fmt(check.random)} "
+        f"({check.random - check.clean:+.3f})"
+    )

@@ -448,3 +448,33 @@ def save_png(view: AttentionView, path: Path) -> list[str]:
         fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     return warnings
+
+
+def save_needle_png(outcome: Any, path: Path, title: str = "") -> None:
+    """Needle accuracy by context length (rows) and depth (columns), as the usual NIAH heatmap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    contexts = list(dict.fromkeys(c["context"] for c in outcome.cells))
+    depths = list(dict.fromkeys(c["depth"] for c in outcome.cells))
+    cells = {(c["context"], c["depth"]): c for c in outcome.cells}
+    grid = [[cells[(c, d)]["accuracy"] for d in depths] for c in contexts]
+    fig, ax = plt.subplots(figsize=(1.2 * len(depths) + 2.5, 0.6 * len(contexts) + 1.8))
+    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(depths)))
+    ax.set_xticklabels([f"{d:g}" for d in depths])
+    ax.set_yticks(range(len(contexts)))
+    ax.set_yticklabels([str(c) for c in contexts])
+    ax.set_xlabel("needle depth (0 = start of the context)")
+    ax.set_ylabel("context (tokens)")
+    for i, context in enumerate(contexts):
+        for j, depth in enumerate(depths):
+            cell = cells[(context, depth)]
+            ax.text(j, i, f"{cell['correct']}/{cell['n']}", ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="needle accuracy")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)

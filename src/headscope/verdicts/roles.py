@@ -52,7 +52,7 @@ class RoleRule:
     margin: float = 0.05
     alpha: float = 0.05
     dla_min: float = 0.1  # nats: a name mover moves at least this much logit difference
-    patch_min: float = 0.01  # attention: an S-inhibition head moves the name movers at least this much
+    patch_min: float = 0.05  # attention: an S-inhibition head moves the name movers at least this much
 
     def describe(self) -> str:
         return (
@@ -107,7 +107,9 @@ def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFr
     return table
 
 
-def _signed_roles(table: pd.DataFrame, index: pd.Index, rule: RoleRule, labels: tuple[str, str | None]) -> None:
+def _signed_roles(
+    table: pd.DataFrame, index: pd.Index, rule: RoleRule, labels: tuple[str, str | None]
+) -> None:
     """Roles for a signed score (DLA in nats, a patching effect): two-sided, BH over the group."""
     group = table.loc[index]
     score = group["score"].to_numpy(float)
