@@ -13,6 +13,7 @@ import torch
 
 from headscope import capture
 from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
+from headscope.capture.patching import record_block_inputs, rerun_block
 from headscope.models import HeadLayout, LoadedModel
 from headscope.models.load import _choose_capture
 
@@ -155,7 +156,6 @@ def test_heads_plus_other_components_equal_the_logit_difference(build):
     assert writes.dla.abs().sum() > 1e-2
 
 
-
 def test_head_writes_sum_to_the_attention_block_output():
     loaded = tiny_gemma()
     batch = _batch(64)
@@ -194,3 +194,54 @@ def test_a_norm_that_is_neither_rms_nor_layer_norm_is_refused():
 
     with pytest.raises(RunFailure, match="neither an RMSNorm nor a LayerNorm"):
         FrozenNorm.of(Odd())
+
+
+# --- path patching into a block's queries ----------------------------------------------------
+# A replayed block reproduces the clean pass, a change at one position reaches only that
+# position's query (keys and values stay clean), and S changes side by side equal S separate runs.
+
+
+def _weights(loaded, layer, inputs, batch, delta, positions):
+    seen = {}
+
+    def on_layer(index, attn, b, q_start):
+        assert index == layer
+        seen.setdefault("chunks", []).append(attn.clone())
+
+    rerun_block(loaded, layer, inputs, batch, delta, positions, on_layer)
+    return torch.cat(seen["chunks"], dim=2)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gemma], ids=["llama", "gemma3"])
+def test_replay_reproduces_the_clean_pass_and_a_change_reaches_only_its_query(build):
+    loaded = build()
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    batch = _batch(vocab)
+    positions = _last(batch)
+    layer = 2
+    clean = {}
+
+    def on_layer(index, attn, b, q_start):
+        if index == layer:
+            clean.setdefault("chunks", []).append(attn.clone())
+
+    capture.run(loaded, [batch], on_layer)
+    clean_weights = torch.cat(clean["chunks"], dim=2)
+    inputs = record_block_inputs(loaded, batch, [layer])[layer]
+    replayed = _weights(loaded, layer, inputs, batch, None, positions)
+    assert torch.allclose(replayed, clean_weights, atol=1e-6)
+
+    delta = torch.randn(3, inputs.hidden.shape[-1], generator=torch.Generator().manual_seed(0)) * 5.0
+    patched = _weights(loaded, layer, inputs, batch, delta, positions)
+    for row, end in enumerate(positions.tolist()):
+        others = [q for q in range(batch.input_ids.shape[1]) if q != end]
+        # Every other query's row is unchanged: the keys and values were held at their clean values.
+        assert torch.allclose(patched[row][:, others], clean_weights[row][:, others], atol=1e-6)
+        assert not torch.allclose(patched[row][:, end], clean_weights[row][:, end], atol=1e-4)
+
+    # Three changes side by side, as copies of the batch, equal three separate reruns.
+    many = torch.stack([delta, -delta, 2 * delta])
+    together = _weights(loaded, layer, inputs, batch, many, positions)
+    for copy in range(3):
+        alone = _weights(loaded, layer, inputs, batch, many[copy], positions)
+        assert torch.allclose(together[copy * 3 : copy * 3 + 3], alone, atol=1e-5)

@@ -33,6 +33,7 @@ from headscope import capture
 from headscope.capture.dla import HeadWrites
 from headscope.capture.patching import record_block_inputs, rerun_block
 from headscope.data.circuits import IOISet, occurrences
+from headscope.data.prompts import display_path
 from headscope.detectors.base import DetectorResult
 from headscope.detectors.circuits import IOIAttentionDetector
 from headscope.errors import InputError
@@ -406,7 +407,7 @@ def ioi(
     outcome = IOIOutcome(
         data, n, accuracy, accuracy_ci, mean_diff, diff_ci, len(single), int(sum(single.values())), diffs
     )
-    descriptions = {data: f"{ioi_set.path} ({n} prompts)"}
+    descriptions = {data: f"{display_path(ioi_set.path)} ({n} prompts)"}
     report = Report(
         loaded.name,
         table,

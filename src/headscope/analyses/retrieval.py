@@ -26,6 +26,7 @@ import torch
 
 from headscope import capture
 from headscope.data.circuits import NeedleItem, RetrievalSet
+from headscope.data.prompts import display_path
 from headscope.detectors.circuits import RetrievalDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
@@ -313,19 +314,44 @@ def retrieval(
     check_resamples(n_resamples)
     data = data or needles.name
     prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
+    contexts_text = ",".join(str(c) for c in contexts)
+    description = f"{display_path(needles.path)} ({len(needles.items)} needles x {len(depths)} depths at {contexts_text} tokens)"
+    report, outcome, batches = score_prompts(
+        loaded,
+        prompts,
+        len(needles.items),
+        data,
+        description,
+        batch_size=batch_size,
+        n_resamples=n_resamples,
+        seed=seed,
+        role_rule=role_rule,
+        progress=progress,
+    )
+    return report, outcome, prompts, batches
+
+
+def score_prompts(
+    loaded: LoadedModel,
+    prompts: list[NeedlePrompt],
+    n_needles: int,
+    data: str,
+    description: str,
+    *,
+    batch_size: int = 2,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    role_rule: RoleRule | None = None,
+    progress: ProgressFactory | None = None,
+) -> tuple[Report, NeedleOutcome, list[capture.Batch]]:
+    """Score every head on ready-made needle prompts (one forward pass each, teacher-forced)."""
     batches = needle_batches(loaded, prompts, batch_size)
     detector = RetrievalDetector()
-    detector.start(loaded.layout, len(needles.items))
+    detector.start(loaded.layout, n_needles)
     outcome = _measure(loaded, prompts, batches, detector, progress=progress, label=data)
     results = detector.results(data)
-    for result in results:
-        result.data = data
     table = assign_roles(
         head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
-    )
-    contexts_text = ",".join(str(c) for c in contexts)
-    description = (
-        f"{needles.path} ({len(needles.items)} needles x {len(depths)} depths at {contexts_text} tokens)"
     )
     notes = []
     if outcome.counted == 0:
@@ -341,7 +367,7 @@ def retrieval(
         layout=loaded.layout,
         outcomes={data: outcome},
     )
-    return report, outcome, prompts, batches
+    return report, outcome, batches
 
 
 @dataclass
