@@ -47,7 +47,7 @@ DEFAULT_RETRIEVAL_SETS = (
     ("retrieval/en.yaml", "retrieval/haystack-en.txt"),
     ("retrieval/zh.yaml", "retrieval/haystack-zh.txt"),
 )
-SCAN_RETRIEVAL = {"context": 1000, "needles": 4, "depths": (0.25, 0.75)}
+SCAN_RETRIEVAL = {"context": 1000, "needles": 6, "depths": (0.25, 0.75)}
 
 
 def scan(
@@ -132,7 +132,7 @@ def scan(
         )
         circuits = []
     for source in circuits:
-        for part in _circuit_parts(loaded, source, batch_size, n_resamples, seed, role_rule, progress):
+        for part in _circuit_parts(loaded, source, batch_size, n_resamples, seed, role_rule, progress, notes):
             results += part.results
             descriptions.update({s.data: s.description for s in part.sections})
             notes += [n for n in part.notes if n not in uncertainty_notes(part.results, n_resamples)]
@@ -164,6 +164,7 @@ def _circuit_parts(
     seed: int,
     role_rule: RoleRule | None,
     progress: ProgressFactory | None,
+    notes: list[str],
 ) -> list[Report]:
     """The IOI sets, or the short retrieval sweep, as reports to merge into the scan."""
     from headscope.data.circuits import load_haystack, load_ioi, load_retrieval
@@ -174,31 +175,39 @@ def _circuit_parts(
     parts = []
     if source == "ioi":
         for name in DEFAULT_IOI_SETS:
-            report, _, _ = ioi(
-                loaded,
-                load_ioi(builtin(name)),
-                batch_size=batch_size,
-                n_resamples=n_resamples,
-                seed=seed,
-                role_rule=role_rule,
-                progress=progress,
-            )
+            try:
+                report, _, _ = ioi(
+                    loaded,
+                    load_ioi(builtin(name)),
+                    batch_size=batch_size,
+                    n_resamples=n_resamples,
+                    seed=seed,
+                    role_rule=role_rule,
+                    progress=progress,
+                )
+            except InputError as exc:
+                notes.append(f"{name}: not scored: {exc}")
+                continue
             parts.append(report)
         return parts
     for needles_name, haystack_name in DEFAULT_RETRIEVAL_SETS:
         needles = load_retrieval(builtin(needles_name))
         needles.items = needles.items[: SCAN_RETRIEVAL["needles"]]
-        report, _, _, _ = retrieval(
-            loaded,
-            needles,
-            load_haystack(builtin(haystack_name)),
-            contexts=(SCAN_RETRIEVAL["context"],),
-            depths=SCAN_RETRIEVAL["depths"],
-            batch_size=max(1, min(batch_size, 2)),
-            n_resamples=n_resamples,
-            seed=seed,
-            role_rule=role_rule,
-            progress=progress,
-        )
+        try:
+            report, _, _, _ = retrieval(
+                loaded,
+                needles,
+                load_haystack(builtin(haystack_name)),
+                contexts=(SCAN_RETRIEVAL["context"],),
+                depths=SCAN_RETRIEVAL["depths"],
+                batch_size=max(1, min(batch_size, 2)),
+                n_resamples=n_resamples,
+                seed=seed,
+                role_rule=role_rule,
+                progress=progress,
+            )
+        except InputError as exc:
+            notes.append(f"{needles_name}: not scored: {exc}")
+            continue
         parts.append(report)
     return parts

@@ -29,7 +29,7 @@ import torch
 from headscope.capture import Batch
 from headscope.models import HeadLayout
 
-Need = Literal["tokens", "words", "arcs", "coref", "logits"]
+Need = Literal["tokens", "words", "arcs", "coref", "logits", "positions"]
 Source = Literal["text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval"]
 
 

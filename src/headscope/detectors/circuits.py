@@ -29,6 +29,7 @@ class IOIAttentionDetector(Detector):
     name = "ioi"
     summary = "indirect object identification: attention from the last token to IO, S1 and S2, and DLA toward IO against S"
     default_source = "ioi"
+    needs = frozenset({"tokens", "positions"})  # positions the analysis puts in each row's meta
     baseline_kind = "uniform"
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
@@ -77,6 +78,7 @@ class RetrievalDetector(Detector):
     name = "retrieval"
     summary = "retrieval (Wu et al. 2024): at answer tokens the model gets right, the head's argmax key is the needle token it copies"
     default_source = "retrieval"
+    needs = frozenset({"tokens", "positions"})
     baseline_kind = "uniform"
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
