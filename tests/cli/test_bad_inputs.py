@@ -33,6 +33,20 @@ def write(path: Path, data: bytes | str) -> Path:
 CONLLU_OK = "1\tthe\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tdog\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
 ZERO_WIDTH_SET = 'items:\n- text: "\\u200b\\u200b"\n- text: hello world\n'
 SCAN_HEADER = "model,detector,relation,direction,layer,head,score\n"
+NEEDLE_BAD = (
+    "items:\n"
+    "- id: n1\n"
+    "  needle: The code of the red door is 123456.\n"
+    "  question: What is the code of the red door?\n"
+    "  answer: '654321'\n"
+)
+IOI_MISSING = (
+    '{"id": "a", "text": "When Mary and John went out, John gave a book to", "io": "Mary", "s": "John"}\n'
+    '{"id": "b", "text": "When Annabel and John went out, John gave a book to", "io": "Anna", "s": "John"}\n'
+)
+IOI_ONCE = (
+    "items:\n- id: once\n  text: When Mary and John went out, Bob gave a book to\n  io: Mary\n  s: John\n"
+)
 COREF_TWO = "items:\n- text: Tom saw Ann and he ran\n  pronoun: [16, 18]\n  candidates:\n  - [0, 3]\n  - {second}\n  antecedent: {antecedent}\n"
 
 
@@ -175,6 +189,29 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
             ["show", TOY, "--text", "t1 t2", "--png", d / "exists.csv"],
             "exists.csv: file exists",
         ),
+        # circuit analyses: needles, IOI prompts, placement options, encoders
+        "needle-answer-not-in-needle": (
+            ["retrieval", TOY, "--data", write(d / "needles.yaml", NEEDLE_BAD)],
+            "needles.yaml:2: item 'n1': 'answer' ('654321') does not occur in 'needle'",
+        ),
+        "ioi-name-missing": (
+            ["ioi", TOY, "--data", write(d / "ioi-missing.jsonl", IOI_MISSING)],
+            "ioi-missing.jsonl:2: item 'b': 'io' (\"Anna\") does not occur in 'text'",
+        ),
+        "ioi-s-not-repeated": (
+            ["ioi", TOY, "--data", write(d / "ioi-once.yaml", IOI_ONCE)],
+            "ioi-once.yaml:2: item 'once': 's' (\"John\") must occur at least twice",
+        ),
+        "context-beyond-model": (
+            ["retrieval", TOY, "--context", "1000"],
+            "--context 1000 is longer than the model's context of 128 tokens",
+        ),
+        "depths-outside-0-1": (
+            ["retrieval", TOY, "--depths", "0,0.5,1.5"],
+            "--depths 0,0.5,1.5: every depth must lie between 0 and 1",
+        ),
+        "retrieval-on-an-encoder": (["retrieval", "minilm-l6"], "is not a causal language model"),
+        "ioi-on-an-encoder": (["ioi", "minilm-l6"], "needs a causal language model"),
     }
 
 
@@ -222,6 +259,13 @@ CASE_IDS = [
     "output-missing-folder",
     "output-exists",
     "png-exists",
+    "needle-answer-not-in-needle",
+    "ioi-name-missing",
+    "ioi-s-not-repeated",
+    "context-beyond-model",
+    "depths-outside-0-1",
+    "retrieval-on-an-encoder",
+    "ioi-on-an-encoder",
 ]
 
 
