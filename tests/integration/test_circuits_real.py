@@ -29,7 +29,7 @@ def needles_800(smollm2):
 def test_smollm2_finds_needles_at_800_tokens_and_its_retrieval_heads_carry_them(smollm2, needles_800):
     report, outcome, prompts, batches = needles_800
     lengths = [len(p.ids) for p in prompts]
-    assert 700 <= min(lengths) and max(lengths) <= 800
+    assert min(lengths) >= 700 and max(lengths) <= 800
     assert outcome.accuracy >= 0.9, outcome.cells
     table = report.table
     retr = table[table.role == "retr"]
