@@ -201,14 +201,14 @@ def test_a_norm_that_is_neither_rms_nor_layer_norm_is_refused():
 # position's query (keys and values stay clean), and S changes side by side equal S separate runs.
 
 
-def _weights(loaded, layer, inputs, batch, delta, positions):
+def _weights(loaded, layer, inputs, batch, delta, positions, only_positions=False):
     seen = {}
 
     def on_layer(index, attn, b, q_start):
         assert index == layer
         seen.setdefault("chunks", []).append(attn.clone())
 
-    rerun_block(loaded, layer, inputs, batch, delta, positions, on_layer)
+    rerun_block(loaded, layer, inputs, batch, delta, positions, on_layer, only_positions=only_positions)
     return torch.cat(seen["chunks"], dim=2)
 
 
@@ -245,3 +245,15 @@ def test_replay_reproduces_the_clean_pass_and_a_change_reaches_only_its_query(bu
     for copy in range(3):
         alone = _weights(loaded, layer, inputs, batch, many[copy], positions)
         assert torch.allclose(together[copy * 3 : copy * 3 + 3], alone, atol=1e-5)
+
+    # Computing only the patched query gives that query's row of the full rerun.
+    rows = torch.arange(3)
+    for change in (None, delta, many):
+        full = _weights(loaded, layer, inputs, batch, change, positions)
+        selected = _weights(loaded, layer, inputs, batch, change, positions, only_positions=True)
+        copies = 1 if change is None or change.dim() == 2 else change.shape[0]
+        ends = positions.repeat(copies)
+        index = torch.arange(len(ends))
+        assert selected.shape[2] == 1
+        expected = full[index, :, ends][:, :, : selected.shape[-1]]
+        assert torch.allclose(selected[:, :, 0], expected, atol=1e-5), rows

@@ -316,17 +316,15 @@ def _receiver_preference(
     out = torch.zeros(copies * len(ends), dtype=torch.float64)
 
     def on_layer(_layer: int, attn: torch.Tensor, b: capture.Batch, q_start: int) -> None:
+        # Only END's query is computed: one query row per row (copies of the batch side by side).
         for row, meta in enumerate(b.meta):
-            end = int(meta["end"])
-            if not q_start <= end < q_start + attn.shape[2]:
-                continue
-            weights = attn[row, heads, end - q_start].double().cpu()  # [h, K']
+            weights = attn[row, heads, 0].double().cpu()  # [h, K']
             targets = meta["targets"]
             io = weights[:, targets["io"]].sum()
             s = weights[:, targets["s1"]].sum() + weights[:, targets["s2"]].sum()
             out[row] += float(io - s)
 
-    rerun_block(loaded, layer, inputs, batch, delta, ends, on_layer)
+    rerun_block(loaded, layer, inputs, batch, delta, ends, on_layer, only_positions=True)
     return out
 
 

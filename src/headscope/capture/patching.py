@@ -109,6 +109,28 @@ def _tile(value: Any, rows: int, copies: int) -> Any:
     return value
 
 
+def _select(value: Any, index: torch.Tensor, positions: torch.Tensor, length: int) -> Any:
+    """Keep only each row's query at ``positions`` in the block's per-position arguments.
+
+    Masks ``[b, h, T, T]`` keep that query's row; per-position tensors ``[b, T, ...]`` (rotary
+    cos/sin, position ids) keep that position. ``b`` is the batch or 1 (broadcast).
+    """
+    if isinstance(value, tuple):
+        return tuple(_select(v, index, positions, length) for v in value)
+    if isinstance(value, list):
+        return [_select(v, index, positions, length) for v in value]
+    if isinstance(value, dict):
+        return {k: _select(v, index, positions, length) for k, v in value.items()}
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return value
+    rows = index if value.shape[0] > 1 else torch.zeros_like(index)
+    if value.dim() == 4 and value.shape[-2] == length and value.shape[-1] == length:
+        return value[rows, :, positions][:, :, None, :]
+    if value.shape[1] == length:
+        return value[rows, positions][:, None]
+    return value
+
+
 def rerun_block(
     loaded: Any,
     layer: int,
@@ -117,8 +139,14 @@ def rerun_block(
     delta: torch.Tensor | None,
     positions: torch.Tensor,
     on_layer: LayerCallback,
+    *,
+    only_positions: bool = False,
 ) -> None:
     """Run block ``layer`` again with ``delta`` added to the residual at ``positions[B]``.
+
+    With ``only_positions`` the block computes just the query (and MLP) at ``positions``: since
+    keys and values are held at their clean values, the other queries cannot change, and this is
+    about T times cheaper. ``on_layer`` then gets one query row per row, ``[rows, H, 1, T]``.
 
     ``delta`` is ``[B, D]``, or ``[S, B, D]`` for S alternative changes run side by side as
     S copies of the batch (row ``s * B + b`` of the weights is copy s of row b). Keys and values
@@ -146,6 +174,13 @@ def rerun_block(
     args = _tile(inputs.args, rows, copies)
     kwargs = _tile(inputs.kwargs, rows, copies)
     kv = _tile(inputs.kv, rows, copies)
+    if only_positions:
+        length = hidden.shape[1]
+        index = torch.arange(hidden.shape[0], device=hidden.device)
+        at = positions.to(hidden.device).repeat(copies)
+        hidden = hidden[index, at][:, None]
+        args = _select(args, index, at, length)
+        kwargs = _select(kwargs, index, at, length)
     with torch.inference_mode(), _sink(on_layer, on_device) as sink:
         sink.kv_override = {layer: kv}
         block(hidden, *args, **kwargs)

@@ -495,8 +495,22 @@ ROLE_MEANINGS = {
     "subj": "nsubj, subject–verb (主谓)",
     "obj": "obj, verb–object (动宾)",
     "adv": "advmod, adverb–modified word",
+    "retr": "retrieval head (copies the needle)",
+    "nm": "name mover (writes IO)",
+    "neg": "negative name mover (writes against IO)",
+    "sinh": "S-inhibition (steers name movers off S)",
 }
-ROLE_STYLES = {"prev": "cyan", "dup": "magenta", "ind": "bold red", "sink": "dim", "coref": "bold green"}
+ROLE_STYLES = {
+    "prev": "cyan",
+    "dup": "magenta",
+    "ind": "bold red",
+    "sink": "dim",
+    "coref": "bold green",
+    "retr": "bold yellow",
+    "nm": "bold blue",
+    "neg": "blue",
+    "sinh": "bold cyan",
+}
 
 
 def print_role_map(report: Report, console: Console, rule_text: str) -> None:
