@@ -186,6 +186,8 @@ def _fmt_ci(low: float, high: float, sep: str = ", ", brackets: bool = True) -> 
 
 def section_title(section: Section) -> str:
     parts = [section.detector]
+    if section.detector == "retrieval":
+        parts.append(section.data)
     if section.relation:
         parts.append(section.relation)
     if section.direction:
@@ -285,7 +287,7 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
 
 IOI_CAPTION = (
     "DLA: the head's direct logit attribution toward IO against S at the last token (nats, through "
-    "the final norm at the actual residual); IO/S1/S2: its attention from the last token; S-inh: how much "
+    "the final norm at the actual residual); IO, S1+S2: its attention from the last token; S-inh: how much "
     "the name movers' attention to IO minus S drops when this head's output at the last token is "
     "patched in from the ABC run (path patching into their queries only); CI: 95% bootstrap over prompts"
 )
@@ -317,23 +319,25 @@ def ioi_table(report: Report, data: str, top: int) -> Table:
             chosen.append((int(key[0]), int(key[1])))
     movers = roles[roles.role == "nm"]
     last_receiver = int(movers.layer.max()) if len(movers) else -1
-    table = Table()
-    columns = ["head", "role", "DLA", "95% CI", "IO", "S1", "S2"]
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    columns = ["head", "role", "DLA", "95% CI", "IO", "S1+S2"]
     if len(patch):
         columns += ["S-inh", "95% CI "]
     for name in columns:
-        table.add_column(name, justify="left" if name in {"head", "role"} else "right")
+        table.add_column(name, justify="left" if name in {"head", "role"} else "right", no_wrap=True)
     for key in sorted(chosen):
         row = dla.loc[key]
         role = ",".join(
             dict.fromkeys(r.role for r in roles.itertuples() if (int(r.layer), int(r.head)) == key)
         )
+        to_s = float(attention["s1"].loc[key].score) + float(attention["s2"].loc[key].score)
         cells = [
             f"L{key[0]} H{key[1]}",
             role,
             f"{row.score:+.3f}",
             _fmt_ci(row.ci_low, row.ci_high, "–", brackets=False),
-            *(_fmt(float(attention[t].loc[key].score)) for t in ("io", "s1", "s2")),
+            _fmt(float(attention["io"].loc[key].score)),
+            _fmt(to_s),
         ]
         if len(patch):
             effect = patch.loc[key]
