@@ -69,3 +69,67 @@ def test_chunked_lm_head_loss_equals_full_logits(gemma3, monkeypatch):
         full = -log_probs.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
         real = batch.attention_mask[:, 1:]
         assert torch.allclose(losses[real].double(), full[real], atol=1e-4)
+
+
+def test_dla_on_the_real_model_adds_up_and_finds_name_movers(gemma3):
+    """On Gemma 3 itself (post-attention norms, (1 + w) RMSNorm, tied 262k unembedding): the
+    heads' DLA plus every other component equals the model's logit difference, and IOI works."""
+    from headscope.analyses.ioi import _batches, _ends, _names, encode_ioi, ioi
+    from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
+    from headscope.data.circuits import load_ioi
+    from headscope.data.prompts import builtin
+
+    ioi_set = load_ioi(builtin("ioi/en.yaml"))
+    ioi_set.items = ioi_set.items[::8]  # 24 prompts, every template
+    clean, _, _ = encode_ioi(gemma3, ioi_set)
+    batch = _batches(gemma3, clean, [list(range(4))])[0]
+    writes = HeadWrites(gemma3, _ends, _names)
+    rows, ends = torch.arange(4), _ends(batch)
+    blocks = decoder_layers(gemma3.base)
+    block_in, block_out, attn_out, handles = {}, {}, {}, []
+    for index, block in enumerate(blocks):
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda m, a, k, i=index: block_in.__setitem__(
+                    i, (a[0] if a else k["hidden_states"])[rows, ends].double()
+                ),
+                with_kwargs=True,
+            )
+        )
+        handles.append(
+            block.register_forward_hook(
+                lambda m, a, o, i=index: block_out.__setitem__(
+                    i, (o[0] if isinstance(o, tuple) else o)[rows, ends].double()
+                )
+            )
+        )
+        handles.append(
+            post_attention_norm(block).register_forward_hook(
+                lambda m, a, o, i=index: attn_out.__setitem__(i, o[rows, ends].double())
+            )
+        )
+    logits = {}
+    try:
+        capture.run(
+            gemma3,
+            [batch],
+            lambda *_: None,
+            writes=writes,
+            on_hidden=lambda h, b: logits.__setitem__(
+                "end", gemma3.model.get_output_embeddings()(h[rows, ends]).double()
+            ),
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    target, foil = _names(batch)
+    total = writes.dla.sum((1, 2)) + writes.bias_dla.sum(1) + writes.residual_dla(block_in[0])
+    for index in range(len(blocks)):
+        total += writes.residual_dla(block_out[index] - block_in[index] - attn_out[index])
+    total += logit_constant(writes, target, foil)
+    real = logits["end"][rows, target] - logits["end"][rows, foil]
+    assert torch.allclose(total, real, atol=1e-2, rtol=1e-3), (total, real)
+
+    report, outcome, _ = ioi(gemma3, ioi_set, n_resamples=500, patch=False)
+    assert outcome.accuracy >= 0.9 and outcome.logit_diff > 2.0
+    assert (report.table.role == "nm").sum() >= 1
