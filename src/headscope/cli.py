@@ -765,6 +765,7 @@ def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # no
                         draws=1,
                         seed=seed,
                         progress=progress,
+                        data=data,
                     ),
                 )
             )

@@ -378,12 +378,14 @@ class RetrievalAblation:
     clean: NeedleOutcome
     ablated: NeedleOutcome
     random: list[NeedleOutcome]
+    data: str = ""
 
     def to_json(self) -> dict[str, Any]:
         def one(o: NeedleOutcome) -> dict[str, float]:
             return {"accuracy": o.accuracy, "answer_loss": o.answer_loss}
 
         return {
+            "data": self.data,
             "mode": self.mode,
             "heads": [list(h) for h in self.heads],
             "random_heads": [[list(h) for h in d] for d in self.random_heads],
@@ -404,6 +406,7 @@ def ablate_retrieval(
     draws: int = 3,
     seed: int = 0,
     progress: ProgressFactory | None = None,
+    data: str = "",
 ) -> RetrievalAblation:
     """Needle accuracy and answer loss with the top heads ablated, and with random same-layer heads."""
     from headscope.analyses.ablation import random_control
@@ -430,4 +433,4 @@ def ablate_retrieval(
         )
         for i, c in enumerate(controls)
     ]
-    return RetrievalAblation(mode, list(heads), controls, clean, ablated, random_runs)
+    return RetrievalAblation(mode, list(heads), controls, clean, ablated, random_runs, data)

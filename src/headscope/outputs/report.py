@@ -711,8 +711,9 @@ def print_info(info: dict[str, Any], console: Console) -> None:
 def print_retrieval_ablation(result: Any, console: Console) -> None:
     """Needle accuracy and answer loss: intact, top-K retrieval heads ablated, random same-layer heads."""
     k = len(result.heads)
+    where = f" · {result.data}" if result.data else ""
     console.print(
-        f"[bold]ablation ({result.mode})[/bold]: top-{k} retrieval heads vs {k} random heads "
+        f"[bold]ablation ({result.mode}){where}[/bold]: top-{k} retrieval heads vs {k} random heads "
         f"from the same layers ({len(result.random)} draws)"
     )
     table = Table()
