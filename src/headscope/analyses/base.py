@@ -15,7 +15,7 @@ from headscope.detectors.base import Detector, DetectorResult
 from headscope.errors import InputError
 from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import assign_roles
+from headscope.verdicts.roles import RoleRule, assign_roles
 
 # progress(label, total) returns advance(n); the CLI draws a bar with it, tests pass None.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -258,9 +258,14 @@ def _prompt_set_report(
     batches: list[capture.Batch],
     n_resamples: int,
     seed: int,
+    *,
+    role_rule: RoleRule | None = None,
+    outcomes: dict[str, Any] | None = None,
 ) -> Report:
-    """The report of one scored prompt set (syntax treebank or coreference set)."""
-    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
+    """The report of one scored prompt set (syntax treebank, coreference set, needles)."""
+    table = assign_roles(
+        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
+    )
     return Report(
         loaded.name,
         table,
@@ -270,4 +275,5 @@ def _prompt_set_report(
         results=results,
         inputs={data_name: batches},
         layout=loaded.layout,
+        outcomes=outcomes or {},
     )

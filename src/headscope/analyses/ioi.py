@@ -222,10 +222,7 @@ def _logit_diffs(loaded: LoadedModel, hidden: torch.Tensor, batch: capture.Batch
     """[B] logit(IO) - logit(S) at END, from the final hidden states (soft-capped as the model does)."""
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     at = hidden[rows, _ends(batch).to(hidden.device)]
-    logits = loaded.model.get_output_embeddings()(at).float()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
+    logits = capture.output_logits(loaded, at)
     io, s = _names(batch)
     return (logits[rows, io.to(logits.device)] - logits[rows, s.to(logits.device)]).double().cpu()
 

@@ -30,11 +30,10 @@ from headscope.data.prompts import display_path
 from headscope.detectors.circuits import RetrievalDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
-from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.roles import RoleRule
 from headscope.verdicts.stats import check_resamples
 
-from .base import ProgressFactory, Report, _pad_id, _sections
+from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 
 Head = tuple[int, int]
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -212,8 +211,6 @@ def _measure(
 ) -> NeedleOutcome:
     correct_all = [False] * len(prompts)
     loss_sum, loss_count, counted = 0.0, 0, 0
-    head = loaded.model.get_output_embeddings()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
     advance = progress(label, len(prompts)) if progress else None
 
     def on_hidden(hidden: torch.Tensor, batch: capture.Batch) -> None:
@@ -221,9 +218,7 @@ def _measure(
         correct: dict[tuple[int, int], bool] = {}
         for row, meta in enumerate(batch.meta):
             queries = torch.as_tensor(meta["queries"], dtype=torch.long, device=hidden.device)
-            logits = head(hidden[row, queries]).float()
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
+            logits = capture.output_logits(loaded, hidden[row, queries])
             gold = torch.as_tensor(meta["gold"], dtype=torch.long, device=logits.device)
             hit = (logits.argmax(-1) == gold).cpu()
             losses = torch.logsumexp(logits, -1) - logits.gather(-1, gold[:, None])[:, 0]
@@ -349,22 +344,19 @@ def score_prompts(
     detector = RetrievalDetector()
     detector.start(loaded.layout, n_needles)
     outcome = _measure(loaded, prompts, batches, detector, progress=progress, label=data)
-    results = detector.results(data)
-    table = assign_roles(
-        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
-    )
     notes = []
     if outcome.counted == 0:
         notes.append(f"{data}: the model predicted no answer token right, so no head could be scored")
-    report = Report(
-        loaded.name,
-        table,
-        _sections(results, {data: description}),
-        loaded.capture_mode,
-        notes=notes + uncertainty_notes(results, n_resamples),
-        results=results,
-        inputs={data: batches},
-        layout=loaded.layout,
+    report = _prompt_set_report(
+        loaded,
+        detector.results(data),
+        data,
+        description,
+        notes,
+        batches,
+        n_resamples,
+        seed,
+        role_rule=role_rule,
         outcomes={data: outcome},
     )
     return report, outcome, batches

@@ -195,8 +195,8 @@ class HeadWrites:
             norm = post_attention_norm(block)
             if norm is not None:
                 self.post_norms[index] = FrozenNorm.of(norm, f"post-attention norm of layer {index}")
-        self.final = FrozenNorm.of(final_norm(base)) if tokens_of is not None else None
         self._final_module = final_norm(base) if tokens_of is not None else None
+        self.final = FrozenNorm.of(self._final_module) if self._final_module is not None else None
         if tokens_of is not None:
             self.w_u, self.b_u = unembedding(loaded)
         self.reset()

@@ -339,6 +339,16 @@ def head_output_means(
 _LOGIT_CHUNK_ELEMENTS = 1 << 24  # logits per position chunk (64 MB in float32)
 
 
+def output_logits(loaded: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits of final hidden states ``[..., D]``: the model's LM head, then Gemma's final
+    logit soft-capping where the config sets it (as ``model(...).logits`` computes them)."""
+    logits = loaded.model.get_output_embeddings()(hidden).float()
+    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
+    if softcap is not None:
+        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
+    return logits
+
+
 def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """[B, T-1] cross-entropy of token t+1 given positions <= t, from final hidden states [B, T, D].
 
@@ -346,17 +356,13 @@ def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor
     positions at a time, and only each target's log-probability is kept. This is the model's own
     head applied to the base model's output, the same computation as ``model(...).logits``.
     """
-    head = loaded.model.get_output_embeddings()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
     batch, length, _ = hidden.shape
-    vocab = head.weight.shape[0]
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
     chunk = max(1, _LOGIT_CHUNK_ELEMENTS // max(1, batch * vocab))
     out = torch.empty(batch, max(length - 1, 0), dtype=torch.float32, device=hidden.device)
     for start in range(0, length - 1, chunk):
         stop = min(length - 1, start + chunk)
-        logits = head(hidden[:, start:stop]).float()
-        if softcap is not None:
-            logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
+        logits = output_logits(loaded, hidden[:, start:stop])
         targets = input_ids[:, start + 1 : stop + 1]
         picked = logits.gather(-1, targets[..., None])[..., 0]
         out[:, start:stop] = torch.logsumexp(logits, dim=-1) - picked
