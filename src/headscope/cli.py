@@ -738,6 +738,110 @@ def ioi(
         )
 
 
+@app.command("weights")
+def weights_cmd(
+    model: ModelArg = "smollm2-135m",
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens", help="Ordinary tokens sampled (seeded) for the copying and suppression tests."
+        ),
+    ] = 2000,
+    k: Annotated[int, typer.Option("--k", help="Top-k (bottom-k) the own token must reach.")] = 5,
+    embedding: Annotated[
+        str,
+        typer.Option(
+            "--embedding",
+            help="What a head reads: mlp0 (effective embedding after block 0, the default) or raw.",
+        ),
+    ] = "mlp0",
+    tasks: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--tasks", help="Ordinal task file(s), YAML (default: the shipped English and Chinese sets)."
+        ),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Ablate the top successor heads and random same-layer heads on ordinal continuation prompts.",
+        ),
+    ] = False,
+    verify_k: Annotated[
+        int, typer.Option("--verify-k", min=1, help="Successor heads ablated by --verify.")
+    ] = 3,
+    ablation: AblationOpt = AblationMode.zero,
+    draws: Annotated[int, typer.Option("--draws", min=1, help="Random-control draws for --verify.")] = 3,
+    top: TopOpt = 10,
+    csv: CsvOpt = None,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    output: OutputOpt = "-",
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    dtype: DtypeOpt = Dtype.float32,
+    device_map: DeviceMapOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Roles from the weights alone: OV copying, copy suppression and successor heads (no prompts)."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from headscope.analyses import weights as ov
+        from headscope.outputs import report
+
+        ov.check_options(tokens, k, embedding)
+        _check_outputs(force, ("-o", output), ("--csv", csv))
+        task_sets = ov.load_task_sets(tasks)
+        loaded = _load(model, device, dtype, CaptureMode.auto, device_map)
+        _header(loaded)
+        if not loaded.has_lm_head:
+            out.print(
+                f"{loaded.name} has no LM head: the OV token tests read logits through the unembedding, "
+                "so there is nothing to score"
+            )
+            return
+        with _progress() as progress:
+            result = ov.weights(
+                loaded,
+                tokens=tokens,
+                k=k,
+                embedding=embedding,
+                task_sets=task_sets,
+                n_resamples=resamples,
+                seed=seed,
+                progress=progress,
+            )
+            checks = []
+            if verify:
+                for task_set in task_sets:
+                    check = ov.verify_successor(
+                        loaded, result, task_set.name, k=verify_k, mode=ablation.value, draws=draws, seed=seed
+                    )
+                    if check is None:
+                        result.notes.append(f"--verify: {task_set.name}: no successor pairs to test")
+                    else:
+                        checks.append(check)
+
+        def after(console: Console) -> None:
+            for check in checks:
+                report.print_successor_ablation(check, console)
+                console.print()
+
+        _finish(
+            result,
+            "weights",
+            fmt=fmt,
+            output=output,
+            force=force,
+            csv=csv,
+            top=top,
+            after=after,
+            extra_json=lambda: {"verification": [c.to_json() for c in checks] or None},
+        )
+
+
 def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # noqa: ANN001
     """scan --verify for the circuit tables: name movers by logit difference, retrieval heads by needle accuracy."""
     from headscope.analyses import ioi as circuit

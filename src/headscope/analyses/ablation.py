@@ -187,7 +187,7 @@ def top_heads(table: Any, detector: str, k: int, data: str | None = None) -> lis
 
 REPEAT_JUDGED = {"previous-token", "duplicate-token", "induction"}
 # Checked by their own analyses (logit difference, needle accuracy), not by token loss here.
-CIRCUIT_CHECKED = {"ioi", "retrieval"}
+CIRCUIT_CHECKED = {"ioi", "retrieval", "weights"}
 
 
 @dataclass

@@ -99,13 +99,21 @@ class Report:
     outcomes: dict[str, Any] = field(default_factory=dict)
 
 
+def _summary(result: DetectorResult) -> str:
+    if result.detector in detectors.REGISTRY:
+        return detectors.REGISTRY[result.detector].summary
+    from headscope.analyses.weights import SUMMARIES
+
+    return SUMMARIES.get(result.relation, result.relation)
+
+
 def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
     return [
         Section(
             r.detector,
             r.relation,
             r.direction,
-            detectors.REGISTRY[r.detector].summary,
+            _summary(r),
             r.data,
             descriptions.get(r.data, r.data),
             r.n,

@@ -47,6 +47,8 @@ class DetectorResult:
     data: str = ""
     baseline_label: str = ""  # e.g. "offset -1" or "first word" for the syntax baseline
     extras: dict[str, float] = field(default_factory=dict)  # e.g. {"chance": 0.5}
+    # False for a value computed once over all its data (no resampling unit): no interval, no note.
+    interval: bool = True
 
     @property
     def n(self) -> int:

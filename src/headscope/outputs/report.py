@@ -195,6 +195,33 @@ def section_title(section: Section) -> str:
     return " · ".join(parts)
 
 
+def weights_caption(section: Section, outcome: Any = None) -> str:
+    """What a weights table's score, baseline and interval mean."""
+    if section.relation == "eigenvalue":
+        return (
+            f"data: {section.description}; score in [-1, 1], 0 for a random matrix; computed once on "
+            "the sampled tokens' circuit (no interval, no role: the token tests decide)"
+        )
+    if section.relation == "successor":
+        counts = ""
+        if outcome is not None:
+            parts = [
+                f"{t.task} {t.qualified}/{t.total}"
+                for t in outcome.tasks
+                if t.data == section.data and t.pairs
+            ]
+            counts = "; single-token members: " + ", ".join(parts)
+        return (
+            f"data: {section.description}{counts}; n = {section.n} pairs; chance baseline = "
+            f"{_fmt(section.baseline)} (1 / task size); CI: 95% bootstrap over pairs"
+        )
+    baseline = f"{section.baseline:.2e}" if section.baseline is not None else "–"
+    return (
+        f"data: {section.description}; n = {section.n} tokens; baseline = k / vocabulary = {baseline}; "
+        "CI: 95% bootstrap over tokens"
+    )
+
+
 def section_caption(section: Section) -> str:
     if section.detector == "coref":
         return (
@@ -425,7 +452,10 @@ def print_report(report: Report, console: Console, top: int) -> None:
             console.print(needle_summary(outcome))
             console.print(needle_table(outcome))
         console.print(top_heads_table(report, section, top))
-        console.print(section_caption(section))
+        if section.detector == "weights":
+            console.print(weights_caption(section, report.outcomes.get("vocab")))
+        else:
+            console.print(section_caption(section))
         console.print()
     if report.loss is not None:
         loss = report.loss
@@ -503,6 +533,9 @@ ROLE_MEANINGS = {
     "nm": "name mover (writes IO)",
     "neg": "negative name mover (writes against IO)",
     "sinh": "S-inhibition (steers name movers off S)",
+    "copy": "copying OV circuit (raises the token it reads)",
+    "supp": "copy suppression (lowers the token it reads)",
+    "succ": "successor (Monday → Tuesday, 一 → 二)",
 }
 ROLE_STYLES = {
     "prev": "cyan",
@@ -513,6 +546,9 @@ ROLE_STYLES = {
     "retr": "bold yellow",
     "nm": "bold blue",
     "neg": "blue",
+    "copy": "green",
+    "supp": "red",
+    "succ": "yellow",
     "sinh": "bold cyan",
 }
 
@@ -734,6 +770,37 @@ def print_retrieval_ablation(result: Any, console: Console) -> None:
     console.print(
         f"needle accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} with the top heads "
         f"ablated, → {_fmt(mean_random)} (mean) with random heads"
+    )
+
+
+def print_successor_ablation(result: Any, console: Console) -> None:
+    """Next-ordinal accuracy and loss: intact, top-K successor heads ablated, random same-layer heads."""
+    k = len(result.heads)
+    console.print(
+        f"[bold]successor ablation ({result.mode}) · {result.data}[/bold]: top-{k} successor heads vs {k} "
+        f"random heads from the same layers ({len(result.random)} draws), on {result.clean.n} prompts of "
+        "three consecutive members (e.g. Monday Tuesday Wednesday → Thursday)"
+    )
+    table = Table()
+    for name in ("run", "heads", "next-member accuracy", "loss (nats)"):
+        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
+
+    def heads_text(heads: list) -> str:
+        return " ".join(f"L{layer}H{head}" for layer, head in heads)
+
+    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(result.clean.loss))
+    table.add_row(
+        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(result.ablated.loss)
+    )
+    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
+        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(run.loss))
+    console.print(table)
+    mean_acc = sum(r.accuracy for r in result.random) / len(result.random)
+    mean_loss = sum(r.loss for r in result.random) / len(result.random)
+    console.print(
+        f"accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} (top heads) vs "
+        f"{_fmt(mean_acc)} (random, mean); loss {_fmt(result.clean.loss)} → {_fmt(result.ablated.loss)} vs "
+        f"{_fmt(mean_loss)}"
     )
 
 

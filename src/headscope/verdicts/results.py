@@ -84,6 +84,8 @@ def uncertainty_notes(results: Sequence[DetectorResult], n_resamples: int) -> li
         return ["--resamples 0: scores without intervals, and so without roles"] if results else []
     notes = []
     for result in results:
+        if not result.interval:
+            continue
         reason = interval_unavailable_reason(result.n_examples, n_resamples)
         if reason is not None and result.n > 0:
             name = " · ".join(p for p in (result.detector, result.relation, result.direction) if p)

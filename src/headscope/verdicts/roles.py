@@ -35,13 +35,16 @@ DETECTOR_LABELS = {
     "retrieval": "retr",
 }
 RELATION_LABELS = {"nsubj": "subj", "advmod": "adv"}
+# Roles read from the weights (detector "weights"), by relation.
+WEIGHT_LABELS = {"copying": "copy", "suppression": "supp", "successor": "succ"}
 
 GROUP = ["data", "detector", "relation", "direction"]
 RESTING_ROLE = "sink"
 
 
 # Tables that describe without naming a role (the IOI heads' attention feeds the DLA roles).
-DESCRIPTIVE = {("ioi", "attention")}
+# The eigenvalue copying score saturates on some models (see the README) and names no role either.
+DESCRIPTIVE = {("ioi", "attention"), ("weights", "eigenvalue")}
 # Signed scores, in their own units, tested against 0 both ways: (label above 0, label below 0).
 SIGNED = {("ioi", "dla"): ("nm", "neg"), ("ioi", "s-inhibition"): ("sinh", None)}
 
@@ -69,6 +72,8 @@ class RoleRule:
 def role_label(detector: str, relation: str) -> str:
     if detector == "syntax":
         return RELATION_LABELS.get(relation, relation[:5])
+    if detector == "weights":
+        return WEIGHT_LABELS.get(relation, relation[:5])
     return DETECTOR_LABELS.get(detector, detector[:5])
 
 

@@ -1,0 +1,1 @@
+"""Roles read from weights alone: OV copying, copy suppression, successor heads."""
