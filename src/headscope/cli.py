@@ -204,7 +204,11 @@ def scan(
         ),
     ] = None,
     detector: Annotated[
-        str | None, typer.Option("--detectors", help="Comma-separated detectors (default: all).")
+        str | None,
+        typer.Option(
+            "--detectors",
+            help="Comma-separated detectors, 'weights' for the weight-only roles (default: all).",
+        ),
     ] = None,
     seq_len: SeqLenOpt = 50,
     repeat_seq: RepeatOpt = 2,
@@ -221,6 +225,10 @@ def scan(
     verify_k: Annotated[
         int, typer.Option("--verify-k", min=1, help="Heads ablated per table by --verify.")
     ] = 3,
+    weights: Annotated[
+        bool,
+        typer.Option("--weights/--no-weights", help="Also score the weight-only roles (copy, supp, succ)."),
+    ] = True,
     roles_csv: Annotated[
         Path | None,
         typer.Option("--roles-csv", help="Write one row per head: its role and the score behind it."),
@@ -256,6 +264,9 @@ def scan(
 
         names = [d.strip() for d in detector.split(",") if d.strip()] if detector else None
         if names is not None:
+            # "weights" names the weight-only roles; the rest are attention detectors.
+            weights = weights and "weights" in names
+            names = [n for n in names if n != "weights"]
             detectors.create(names)  # reject unknown names before loading anything
         _check_outputs(force, ("-o", output), ("--csv", csv), ("--roles-csv", roles_csv))
         rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
@@ -275,6 +286,7 @@ def scan(
                 seed=seed,
                 role_rule=rule,
                 progress=progress,
+                include_weights=weights,
             )
             checks = None
             circuit_checks: list = []
@@ -291,6 +303,8 @@ def scan(
             for kind, check in circuit_checks:
                 if kind == "ioi":
                     report.print_ioi_verification(check, console)
+                elif kind == "successor":
+                    report.print_successor_ablation(check, console)
                 else:
                     report.print_retrieval_ablation(check, console)
                 console.print()
@@ -846,11 +860,17 @@ def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # no
     """scan --verify for the circuit tables: name movers by logit difference, retrieval heads by needle accuracy."""
     from headscope.analyses import ioi as circuit
     from headscope.analyses import retrieval as needle
+    from headscope.analyses import weights as ov
     from headscope.analyses.ablation import top_heads
 
     out = []
     for data, outcome in result.outcomes.items():
-        if isinstance(outcome, circuit.IOIOutcome):
+        if isinstance(outcome, ov.WeightOutcome):
+            for name in outcome.resolved:
+                check = ov.verify_successor(loaded, result, name, k=k, draws=1, seed=seed)
+                if check is not None:
+                    out.append(("successor", check))
+        elif isinstance(outcome, circuit.IOIOutcome):
             check = circuit.verify_ioi(loaded, result, data, draws=1, seed=seed)
             if check is not None:
                 out.append(("ioi", check))

@@ -212,6 +212,35 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         ),
         "retrieval-on-an-encoder": (["retrieval", "minilm-l6"], "is not a causal language model"),
         "ioi-on-an-encoder": (["ioi", "minilm-l6"], "needs a causal language model"),
+        # weight-only roles: options and ordinal task files
+        "weights-k-zero": (["weights", TOY, "--k", "0"], "--k must be at least 1, got 0"),
+        "weights-tokens-zero": (["weights", TOY, "--tokens", "0"], "--tokens must be at least 1, got 0"),
+        "weights-unknown-embedding": (
+            ["weights", TOY, "--embedding", "mlp1"],
+            "--embedding must be raw or mlp0, got 'mlp1'",
+        ),
+        "weights-tasks-empty": (
+            ["weights", TOY, "--tasks", write(d / "tasks-empty.yaml", "")],
+            "tasks-empty.yaml",
+        ),
+        "weights-tasks-malformed": (
+            [
+                "weights",
+                TOY,
+                "--tasks",
+                write(d / "tasks-bad.yaml", "tasks:\n  - name: days\n    members: [Mon, Tue\n"),
+            ],
+            "tasks-bad.yaml",
+        ),
+        "weights-task-too-short": (
+            [
+                "weights",
+                TOY,
+                "--tasks",
+                write(d / "tasks-short.yaml", "tasks:\n  - name: days\n    members: [Mon, Tue]\n"),
+            ],
+            "tasks-short.yaml:3",
+        ),
     }
 
 
@@ -266,6 +295,12 @@ CASE_IDS = [
     "depths-outside-0-1",
     "retrieval-on-an-encoder",
     "ioi-on-an-encoder",
+    "weights-k-zero",
+    "weights-tokens-zero",
+    "weights-unknown-embedding",
+    "weights-tasks-empty",
+    "weights-tasks-malformed",
+    "weights-task-too-short",
 ]
 
 

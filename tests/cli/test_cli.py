@@ -217,6 +217,32 @@ def test_scan_role_map_and_roles_csv(toy_dir, toy_texts, tmp_path):
     assert {roles[("1", str(h))] for h in range(4)} == {"ind"}
 
 
+def test_scan_weights_find_the_copying_half_of_the_induction_heads(toy_dir, toy_texts, tmp_path):
+    """The toy's induction heads (layer 1) were trained to copy the token after the match, so their OV
+    circuits copy; the previous-token head's does not need to."""
+    target = tmp_path / "scan.csv"
+    result = invoke(
+        "scan",
+        toy_dir,
+        "--text",
+        toy_texts,
+        "--detectors",
+        "induction,weights",
+        "--csv",
+        target,
+        "--resamples",
+        200,
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = [r for r in csv.DictReader(io.StringIO(target.read_text())) if r["detector"] == "weights"]
+    copying = {(r["layer"], r["head"]): r for r in rows if r["relation"] == "copying"}
+    assert len(copying) == 8
+    for head in range(4):
+        row = copying[("1", str(head))]
+        assert row["role"] == "copy" and float(row["ci_low"]) > float(row["baseline"]) + 0.3
+    assert {r["relation"] for r in rows} >= {"copying", "suppression", "eigenvalue"}
+
+
 def test_scan_verify_on_toy(toy_dir, toy_texts, toy_truth):
     result = invoke(
         "scan",

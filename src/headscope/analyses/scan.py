@@ -61,8 +61,9 @@ def scan(
     seed: int = 0,
     role_rule: RoleRule | None = None,
     progress: ProgressFactory | None = None,
+    include_weights: bool = True,
 ) -> Report:
-    """Run every detector on the data it is defined on.
+    """Run every detector on the data it is defined on, and (``include_weights``) the weight-only roles.
 
     Position detectors (previous-token, sink) read natural text; token-identity detectors
     (duplicate-token, induction) read repeated random tokens, where the right answer is known;
@@ -138,6 +139,18 @@ def scan(
             notes += [n for n in part.notes if n not in uncertainty_notes(part.results, n_resamples)]
             inputs.update(part.inputs)
             outcomes.update(part.outcomes)
+
+    if include_weights:
+        if loaded.has_lm_head:
+            from .weights import weights
+
+            part = weights(loaded, n_resamples=0, seed=seed, progress=progress)
+            results += part.results
+            descriptions.update({s.data: s.description for s in part.sections})
+            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
+            outcomes.update(part.outcomes)
+        else:
+            notes.append("weights: not run: the OV token tests read logits, and this model has no LM head")
 
     table = assign_roles(
         head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule

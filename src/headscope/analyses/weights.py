@@ -75,6 +75,7 @@ class WeightOutcome:
     tasks: list[TaskCount] = field(default_factory=list)
     seconds: float = 0.0
     resolved: dict[str, list[ResolvedTask]] = field(default_factory=dict, repr=False)
+    langs: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -228,7 +229,15 @@ def weights(
             )
         )
     outcome = WeightOutcome(
-        embedding, k, n_tokens, len(candidates), seed, counts, time.perf_counter() - started, resolved
+        embedding,
+        k,
+        n_tokens,
+        len(candidates),
+        seed,
+        counts,
+        time.perf_counter() - started,
+        resolved,
+        {s.name: s.lang for s in task_sets},
     )
     description = (
         f"{n_tokens:,} tokens sampled (seed {seed}) from {len(candidates):,} ordinary ids, "
@@ -293,17 +302,29 @@ class SuccessorAblation:
         }
 
 
+SEPARATORS = {"zh": "、"}  # between members in continuation prompts; "," elsewhere
+
+
 def _continuations(
-    loaded: LoadedModel, tasks: Sequence[ResolvedTask]
+    loaded: LoadedModel, tasks: Sequence[ResolvedTask], lang: str = "en"
 ) -> tuple[list[list[int]], list[list[bool]], list[int]]:
-    """Prompts of three consecutive members after the model's BOS, and the fourth as the target."""
-    bos = loaded.tokenizer.bos_token_id
-    prefix = [int(bos)] if bos is not None else []
+    """Prompts of three consecutive members, each followed by a separator ("Monday, Tuesday,
+    Wednesday," → " Thursday"; "一、二、三、" → "四"), after the special tokens the tokenizer itself
+    puts first; the fourth member is the target, in the task's form."""
+    tokenizer = loaded.tokenizer
+    special = set(tokenizer.all_special_ids)
+    prefix: list[int] = []
+    for token in tokenizer("a", add_special_tokens=True)["input_ids"]:
+        if token not in special:
+            break
+        prefix.append(int(token))
+    separator = list(tokenizer(SEPARATORS.get(lang, ","), add_special_tokens=False)["input_ids"])
     contexts, specials, targets = [], [], []
     for task in tasks:
         for context, target in continuation_prompts(task):
-            contexts.append(prefix + list(context))
-            specials.append([True] * len(prefix) + [False] * len(context))
+            body = [piece for token in context for piece in (int(token), *separator)]
+            contexts.append(prefix + body)
+            specials.append([True] * len(prefix) + [False] * len(body))
             targets.append(int(target))
     return contexts, specials, targets
 
@@ -343,7 +364,7 @@ def verify_successor(
     batch_size: int = 16,
 ) -> SuccessorAblation | None:
     """Ablate the ``k`` best successor heads of ``data``, and random same-layer heads; measure the
-    next-ordinal accuracy and loss on continuation prompts ("Monday Tuesday Wednesday" → " Thursday")."""
+    next-member accuracy and loss on continuation prompts ("Monday, Tuesday, Wednesday," → " Thursday")."""
     from headscope.analyses.ablation import random_control
 
     if mode not in {"zero", "mean"}:
@@ -351,13 +372,16 @@ def verify_successor(
     outcome = report.outcomes.get(VOCAB_DATA)
     if not isinstance(outcome, WeightOutcome) or data not in outcome.resolved:
         return None
-    contexts, specials, targets = _continuations(loaded, outcome.resolved[data])
+    lang = outcome.langs.get(data, "en")
+    contexts, specials, targets = _continuations(loaded, outcome.resolved[data], lang)
     if not contexts:
         return None
     table = report.table
     rows = table[(table.detector == "weights") & (table.relation == "successor") & (table.data == data)]
     rows = rows.sort_values("score", ascending=False).head(k)
     heads = [(int(r.layer), int(r.head)) for r in rows.itertuples()]
+    if not heads:
+        return None
     rng = random.Random(seed)
     controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
     batches = capture.make_batches(
