@@ -779,7 +779,7 @@ def print_successor_ablation(result: Any, console: Console) -> None:
     console.print(
         f"[bold]successor ablation ({result.mode}) · {result.data}[/bold]: top-{k} successor heads vs {k} "
         f"random heads from the same layers ({len(result.random)} draws), on {result.clean.n} prompts of "
-        "three consecutive members (e.g. Monday Tuesday Wednesday → Thursday)"
+        "three consecutive members (e.g. \"Monday, Tuesday, Wednesday,\" → \" Thursday\")"
     )
     table = Table()
     for name in ("run", "heads", "next-member accuracy", "loss (nats)"):
