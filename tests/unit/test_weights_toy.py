@@ -204,3 +204,63 @@ def test_mlp0_embedding_reads_block_zero_alone(hand_set):
         out = loaded.model.model(input_ids=ids[:, None], output_hidden_states=True)
     torch.testing.assert_close(effective, out.hidden_states[1][:, 0].float())
     torch.testing.assert_close(raw, torch.eye(V)[ids])
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt2"])
+def test_folded_circuit_matches_the_modules_themselves(arch):
+    """Gemma 3 ((1 + w) norms, √d embedding scale, post-attention norm, tied unembedding, MQA) and
+    GPT-2 (LayerNorm with centring and bias, Conv1D): the folded circuit's logits equal those of
+    the model's own modules applied to one head's output, up to a positive factor per token."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    if arch == "gemma3":
+        config = Gemma3TextConfig(
+            vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+        )  # fmt: skip
+        model = Gemma3ForCausalLM(config).eval()
+    else:
+        config = GPT2Config(vocab_size=80, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+        model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            name = type(module).__name__
+            if name.endswith("RMSNorm") and module.weight.dim() == 1:
+                module.weight.uniform_(-0.5, 0.5)
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.2)
+    loaded = LoadedModel("toy", model, _tokenizer(), HeadLayout.from_config(config), True, "stream", "toy")
+    circuits = Circuits(loaded)
+    ids = torch.arange(1, 80)  # Gemma's id 0 is padding, embedded as zeros
+    raw, effective = circuits.embeddings(ids, "raw")
+    base = model.base_model
+    blocks = base.layers if arch == "gemma3" else base.h
+    final = base.norm if arch == "gemma3" else base.ln_f
+    d_head = loaded.layout.head_dim
+    for index in range(2):
+        layer = circuits.layer(index)
+        ours_in = circuits.layer_inputs(layer, index, raw, effective)
+        block = blocks[index]
+        with torch.no_grad():
+            x = (block.input_layernorm if arch == "gemma3" else block.ln_1)(raw)
+            torch.testing.assert_close(ours_in, x)
+            for head in range(4):
+                if arch == "gemma3":
+                    v = block.self_attn.v_proj(x)[:, :d_head]  # the single KV head (MQA)
+                    out = v @ block.self_attn.o_proj.weight[:, head * d_head : (head + 1) * d_head].T
+                    out = block.post_attention_layernorm(out)
+                else:
+                    qkv = block.attn.c_attn(x) - block.attn.c_attn.bias
+                    v = qkv[:, 64 + head * d_head : 64 + (head + 1) * d_head]
+                    out = v @ block.attn.c_proj.weight[head * d_head : (head + 1) * d_head]
+                normed = final(out)
+                if arch == "gpt2":
+                    normed = normed - final.bias
+                reference = normed @ model.get_output_embeddings().weight.T
+                group = head // loaded.layout.group_size
+                ours = (x @ layer.w_v[group]) @ layer.w_o[head] @ circuits.unembed.T
+                ratio = reference.norm(dim=1) / ours.norm(dim=1)
+                torch.testing.assert_close(reference, ours * ratio[:, None], rtol=1e-4, atol=1e-4)
+                assert (ratio > 0).all()
