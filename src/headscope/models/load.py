@@ -58,12 +58,18 @@ def is_causal_config(config: Any) -> bool:
     )
 
 
-def _load_hf(resolved: ResolvedSpec, dtype: Any, placement: dict[str, Any]) -> tuple[Any, Any, str]:
+def _load_hf(
+    resolved: ResolvedSpec, dtype: Any, placement: dict[str, Any], revision: str | None = None
+) -> tuple[Any, Any, str]:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     local_only = resolved.kind == "dir" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    if revision is not None:
+        placement = {**placement, "revision": revision}
     try:
-        config = AutoConfig.from_pretrained(resolved.location, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(
+            resolved.location, local_files_only=local_only, **({"revision": revision} if revision else {})
+        )
     except OSError as exc:
         if resolved.kind == "hub":
             raise ModelNotFoundError(
@@ -76,7 +82,9 @@ def _load_hf(resolved: ResolvedSpec, dtype: Any, placement: dict[str, Any]) -> t
     causal = is_causal_config(config)
     loader = AutoModelForCausalLM if causal else AutoModel
     try:
-        tok = AutoTokenizer.from_pretrained(resolved.location, local_files_only=local_only)
+        tok = AutoTokenizer.from_pretrained(
+            resolved.location, local_files_only=local_only, **({"revision": revision} if revision else {})
+        )
         model = loader.from_pretrained(
             resolved.location,
             attn_implementation="eager",
@@ -96,8 +104,11 @@ def load(
     capture: Literal["auto", "stream", "eager"] = "auto",
     use_cache: bool = True,
     device_map: str | None = None,
+    revision: str | None = None,
 ) -> LoadedModel:
     """Load a model for head analyses. Nothing is fetched from a hub unless the caller allows it.
+
+    ``revision`` picks a revision (branch, tag or commit) of a hub model already in the cache.
 
     ``device_map="auto"`` hands placement to accelerate, which spreads a model that is larger than
     one device over several GPUs and CPU memory; ``device`` is then ignored.
@@ -111,7 +122,7 @@ def load(
     if resolved.kind == "gguf":
         model, tokenizer, source = _load_gguf(resolved, torch_dtype, use_cache, placement)
     else:
-        model, tokenizer, source = _load_hf(resolved, torch_dtype, placement)
+        model, tokenizer, source = _load_hf(resolved, torch_dtype, placement, revision)
     model.eval()
     if device_name is not None:
         model.to(device_name)

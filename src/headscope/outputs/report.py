@@ -779,7 +779,7 @@ def print_successor_ablation(result: Any, console: Console) -> None:
     console.print(
         f"[bold]successor ablation ({result.mode}) · {result.data}[/bold]: top-{k} successor heads vs {k} "
         f"random heads from the same layers ({len(result.random)} draws), on {result.clean.n} prompts of "
-        "three consecutive members (e.g. \"Monday, Tuesday, Wednesday,\" → \" Thursday\")"
+        'three consecutive members (e.g. "Monday, Tuesday, Wednesday," → " Thursday")'
     )
     table = Table()
     for name in ("run", "heads", "next-member accuracy", "loss (nats)"):
@@ -816,3 +816,21 @@ def print_ioi_verification(check: Any, console: Console) -> None:
         f"({check.ablated - check.clean:+.3f}), random heads ablated {_fmt(check.random)} "
         f"({check.random - check.clean:+.3f})"
     )
+
+
+def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
+    """A plain Rich table of a small DataFrame (sweep summaries)."""
+    table = Table()
+    for column in frame.columns:
+        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "fiu" else "left")
+    for row in frame.itertuples(index=False):
+        cells = []
+        for value in row:
+            if isinstance(value, float):
+                cells.append(_fmt(value, digits))
+            elif value is None:
+                cells.append("–")
+            else:
+                cells.append(str(value))
+        table.add_row(*cells)
+    return table

@@ -478,3 +478,57 @@ def save_needle_png(outcome: Any, path: Path, title: str = "") -> None:
         ax.set_title(title, fontsize=10)
     fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str = "") -> None:
+    """Trajectories across steps: for each role table, the score of the heads that end up in the
+    top ``top``, with their 95% intervals as bands; the repeated-copy loss beside the induction score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    stepped = table[table["step"].notna()]
+    series = list(dict.fromkeys(stepped["series"]))[:1]
+    part = stepped[stepped["series"].isin(series)]
+    groups = [
+        (keys, group)
+        for keys, group in part.groupby(["analysis", "data", "detector", "relation", "direction"], sort=False)
+        if group["step"].nunique() >= 2
+    ]
+    loss = losses[losses["series"].isin(series)].sort_values("step") if len(losses) else losses
+    panels = len(groups) + (1 if len(loss) else 0)
+    if panels == 0:
+        raise InputError("--png: no role changes across steps to draw (give a folder of checkpoints)")
+    columns = min(3, panels)
+    rows = (panels + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (keys, group) in zip(flat, groups, strict=False):
+        last = group[group["step"] == group["step"].max()].sort_values("score", ascending=False)
+        for layer, head in zip(last["layer"].head(top), last["head"].head(top), strict=False):
+            line = group[(group["layer"] == layer) & (group["head"] == head)].sort_values("step")
+            steps = line["step"].astype(float)
+            ax.plot(steps, line["score"], marker="o", ms=3, label=f"L{layer}H{head}")
+            if line["ci_low"].notna().any():
+                ax.fill_between(steps, line["ci_low"].astype(float), line["ci_high"].astype(float), alpha=0.2)
+        baseline = group.groupby("step")["baseline"].mean()
+        ax.plot(baseline.index.astype(float), baseline.values, ls="--", color="grey", lw=1, label="baseline")
+        ax.set_title(" · ".join(str(k) for k in keys[1:] if k), fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("score")
+        ax.legend(fontsize=7)
+    if len(loss):
+        ax = flat[len(groups)]
+        ax.plot(loss["step"].astype(float), loss["first"], marker="o", ms=3, label="first copy")
+        ax.plot(loss["step"].astype(float), loss["later"], marker="o", ms=3, label="later copies")
+        ax.set_title("repeated-copy loss (nats)", fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""Sweeps over many models or checkpoints: specs, the resumable store, executors (local, Ray)."""

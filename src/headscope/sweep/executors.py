@@ -1,0 +1,179 @@
+"""Running sweep tasks: one task loads one model, runs one analysis and returns its result.
+
+* ``local``: N worker processes (spawned, so each starts clean); each loads one model at a time.
+  A worker that dies is replaced and its task retried up to ``retries`` times.
+* ``ray``: each task is a Ray task with ``num_cpus``, ``num_gpus`` and ``max_retries``; Ray
+  schedules them, and retries a task whose worker died. Nothing of ours schedules work.
+
+In both, workers only compute: the driver writes the store as results come back, so a worker
+that dies leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from headscope.errors import HeadscopeError, InputError
+
+Task = dict[str, Any]
+Outcome = dict[str, Any]  # {"ok": bool, "payload" | "error", "seconds"}
+
+ANALYSES = ("induction", "scan", "weights", "syntax", "coref")
+
+
+def run_task(task: Task) -> Outcome:
+    """Load the task's model and run its analysis. Never raises for a bad model: says why."""
+    started = time.perf_counter()
+    threads = task.get("threads")
+    try:
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        payload = _analyse(task)
+    except HeadscopeError as exc:
+        return {"ok": False, "error": str(exc).splitlines()[0], "seconds": time.perf_counter() - started}
+    except Exception as exc:  # noqa: BLE001 - a run that fails is recorded, the sweep goes on
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        return {"ok": False, "error": text, "seconds": time.perf_counter() - started}
+    return {"ok": True, "payload": payload, "seconds": time.perf_counter() - started}
+
+
+def _analyse(task: Task) -> dict[str, Any]:
+    from headscope import analyses
+    from headscope.data.prompts import builtin
+    from headscope.models import load
+    from headscope.verdicts.results import CSV_COLUMNS
+
+    options = task["options"]
+    loaded = load(task["spec"], revision=task.get("revision"))
+    resamples = int(options.get("resamples", 1000))
+    seed = int(options.get("seed", 0))
+    analysis = task["analysis"]
+    if analysis == "induction":
+        spec = analyses.RepeatSpec(
+            seq_len=int(options.get("seq_len", 50)),
+            repeats=int(options.get("repeat_seq", 2)),
+            n_seqs=int(options.get("n_seqs", 16)),
+            seed=seed,
+        )
+        report = analyses.induction(loaded, spec, n_resamples=resamples)
+    elif analysis == "scan":
+        report = analyses.scan(loaded, n_resamples=resamples, seed=seed)
+    elif analysis == "weights":
+        from headscope.analyses.weights import weights
+
+        report = weights(
+            loaded,
+            tokens=int(options.get("tokens", 2000)),
+            k=int(options.get("k", 5)),
+            n_resamples=resamples,
+            seed=seed,
+        )
+    elif analysis == "syntax":
+        report = analyses.syntax(loaded, builtin("syntax/en.conllu"), n_resamples=resamples, seed=seed)
+    elif analysis == "coref":
+        report = analyses.coref(loaded, builtin("coref/en.yaml"), n_resamples=resamples, seed=seed)
+    else:
+        raise InputError(f"unknown analysis {analysis!r}", hint=f"choose from {', '.join(ANALYSES)}")
+    table = report.table[CSV_COLUMNS]
+    rows = [
+        {key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}
+        for row in table.to_dict(orient="records")
+    ]
+    loss = None
+    if report.loss is not None:
+        loss = {"per_copy": report.loss.per_copy, "first": report.loss.first, "later": report.loss.later}
+    return {
+        "rows": rows,
+        "loss": loss,
+        "notes": list(report.notes),
+        "layers": loaded.layout.n_layers,
+        "heads": loaded.layout.n_heads,
+    }
+
+
+def run_local(tasks: list[Task], workers: int, retries: int) -> Iterator[tuple[Task, Outcome]]:
+    """Yield (task, outcome) as N spawned worker processes finish them."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    cpus = os.cpu_count() or 1
+    threads = max(1, cpus // max(1, workers))
+    pending = [dict(task, threads=threads) for task in tasks]
+    attempts: dict[str, int] = {}
+    context = multiprocessing.get_context("spawn")
+    while pending:
+        with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+            futures = {pool.submit(run_task, task): task for task in pending}
+            pending = []
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = futures.pop(future)
+                    try:
+                        outcome = future.result()
+                    except BrokenProcessPool:
+                        key = task["run_key"]
+                        attempts[key] = attempts.get(key, 0) + 1
+                        if attempts[key] <= retries:
+                            pending.append(task)
+                        else:
+                            yield task, {"ok": False, "error": "the worker process died", "seconds": 0.0}
+                        continue
+                    yield task, outcome
+                if pending:  # the pool is broken: start a new one for what is left
+                    pending += list(futures.values())
+                    break
+
+
+def run_ray(
+    tasks: list[Task],
+    address: str | None,
+    cpus_per_run: float,
+    gpus_per_run: float,
+    retries: int,
+) -> Iterator[tuple[Task, Outcome]]:
+    """Yield (task, outcome) as Ray finishes them. Uses a running Ray (``address``, or one this
+    process already started), else starts a local one and stops it afterwards."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError(
+            "--executor ray needs Ray, which is not installed",
+            hint='pip install "headscope[ray]"',
+        ) from None
+    started_here = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False)
+        started_here = True
+    try:
+        remote = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=retries)(run_task)
+        threads = max(1, int(cpus_per_run))
+        refs = {remote.remote(dict(task, threads=threads)): task for task in tasks}
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                task = refs.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - worker died past its retries
+                    outcome = {
+                        "ok": False,
+                        "error": f"ray: {type(exc).__name__}".splitlines()[0],
+                        "seconds": 0.0,
+                    }
+                yield task, outcome
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+Progress = Callable[[Task, Outcome], None]

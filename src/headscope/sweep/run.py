@@ -1,0 +1,144 @@
+"""The sweep driver: expand specs, skip what the store already holds, run the rest, write as results arrive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from headscope.errors import InputError
+
+from .executors import ANALYSES, run_local, run_ray
+from .specs import Target, expand, fingerprint
+from .store import Store, locked
+
+
+@dataclass
+class SweepResult:
+    folder: Path
+    targets: list[Target]
+    analyses: list[str]
+    computed: list[str] = field(default_factory=list)  # run keys computed by this invocation
+    skipped: list[str] = field(default_factory=list)  # valid runs found in the store
+    failed: dict[str, str] = field(default_factory=dict)  # run key -> one-line reason
+    reasons: dict[str, str] = field(default_factory=dict)  # why a run was (re)computed
+    seconds: float = 0.0
+    table: pd.DataFrame | None = None  # sweep.csv
+    losses: pd.DataFrame | None = None  # repeated-copy loss per run (induction)
+
+
+def check_analyses(names: Sequence[str]) -> list[str]:
+    chosen = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in chosen if n not in ANALYSES]
+    if unknown or not chosen:
+        raise InputError(
+            f"--analysis {','.join(unknown) or '(none)'}: unknown analysis",
+            hint=f"choose from {', '.join(ANALYSES)}",
+        )
+    return list(dict.fromkeys(chosen))
+
+
+def sweep(
+    specs: Sequence[str],
+    out: str | Path,
+    *,
+    analyses: Sequence[str] = ("induction",),
+    options: dict[str, Any] | None = None,
+    executor: str = "local",
+    workers: int = 1,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    retries: int = 2,
+    force: bool = False,
+    on_result: Callable[[str, dict[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Run every (target, analysis) the store does not already hold; return the whole store's result."""
+    started = time.perf_counter()
+    chosen = check_analyses(analyses)
+    if executor not in {"local", "ray"}:
+        raise InputError(f"--executor must be local or ray, got {executor!r}")
+    if workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
+    if executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise InputError(
+                "--executor ray needs Ray, which is not installed", hint='pip install "headscope[ray]"'
+            ) from None
+    targets = expand(list(specs))
+    options = dict(sorted((options or {}).items()))
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--out {out}: is a file", hint="give a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    result = SweepResult(folder, targets, chosen)
+    with locked(folder):
+        store = Store(folder)
+        store.open()
+        tasks = []
+        for target in targets:
+            try:
+                digest = fingerprint(target)
+            except Exception as exc:  # noqa: BLE001 - an unloadable spec is a failed run, not a crash
+                digest = f"unreadable: {type(exc).__name__}"
+            for analysis in chosen:
+                run_key = f"{target.key}__{analysis}"
+                entry = {
+                    "spec": target.spec,
+                    "label": target.label,
+                    "series": target.series,
+                    "step": target.step,
+                    "revision": target.revision,
+                    "analysis": analysis,
+                    "options": options,
+                    "fingerprint": digest,
+                }
+                done, why = (False, "--force") if force else store.is_done(run_key, options, digest)
+                if done:
+                    result.skipped.append(run_key)
+                    continue
+                result.reasons[run_key] = why
+                tasks.append(
+                    {
+                        "run_key": run_key,
+                        "spec": target.spec,
+                        "revision": target.revision,
+                        "analysis": analysis,
+                        "options": options,
+                        "entry": entry,
+                    }
+                )
+        if executor == "ray":
+            stream = run_ray(tasks, ray_address, cpus_per_run, gpus_per_run, retries)
+        else:
+            stream = run_local(tasks, workers, retries)
+        for task, outcome in stream:
+            entry = dict(task["entry"], seconds=round(float(outcome.get("seconds", 0.0)), 3))
+            if outcome["ok"]:
+                store.record(task["run_key"], dict(entry, error=None), outcome["payload"])
+                result.computed.append(task["run_key"])
+            else:
+                store.record(task["run_key"], dict(entry, status="failed", error=outcome["error"]), None)
+                result.failed[task["run_key"]] = outcome["error"]
+            if on_result is not None:
+                on_result(task["run_key"], outcome)
+        from .summary import collect
+
+        result.table, result.losses = collect(store, targets, chosen)
+        from headscope.outputs.report import write_atomic
+
+        if result.table is not None:
+            write_atomic(
+                folder / "sweep.csv",
+                result.table.to_csv(index=False, float_format="%.6g", lineterminator="\n"),
+                "--out",
+                True,
+            )
+    result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,120 @@
+"""What a sweep runs: model specs expanded into targets (one model or checkpoint each).
+
+A SPEC is one of
+
+* anything :func:`headscope.models.load` takes (alias, ``.gguf``, local HF folder, cached hub id);
+* a folder whose sub-folders are checkpoints (``runs/toy/`` → ``step-0100``, ``step-0200``, …),
+  ordered by the number in their names; the number is the checkpoint's step;
+* ``hub-id@rev1,rev2,…``: revisions already in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from headscope.errors import InputError
+
+_NUMBER = re.compile(r"(\d+)")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model to analyse: how to load it, what to call it, and its step (when a checkpoint)."""
+
+    spec: str  # what load() takes
+    label: str  # the model name in sweep.csv: the spec, or series/checkpoint
+    series: str  # runs of one training run (or one model) share a series
+    step: int | None = None
+    revision: str | None = None
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe, unique name for this target."""
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.label).strip("_")[-80:] or "model"
+        digest = hashlib.sha256(f"{self.spec}@{self.revision}".encode()).hexdigest()[:8]
+        return f"{slug}-{digest}"
+
+
+def _is_model_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() or any(path.glob("*.gguf"))
+
+
+def _step_of(name: str) -> int | None:
+    numbers = _NUMBER.findall(name)
+    return int(numbers[-1]) if numbers else None
+
+
+def expand(specs: list[str]) -> list[Target]:
+    """Every target of every SPEC, in order (checkpoints by step)."""
+    if not specs:
+        raise InputError("give at least one SPEC: a model, a folder of checkpoints, or hub-id@rev1,rev2")
+    targets: list[Target] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if path.is_dir() and not _is_model_folder(path):
+            children = [c for c in path.iterdir() if c.is_dir() and _is_model_folder(c)]
+            if not children:
+                raise InputError(
+                    f"{spec}: folder holds no model and no checkpoint sub-folders",
+                    hint="a checkpoint folder holds config.json (or a .gguf file)",
+                )
+            unnumbered = [c.name for c in children if _step_of(c.name) is None]
+            if unnumbered:
+                raise InputError(
+                    f"{spec}: checkpoint folder '{unnumbered[0]}' has no number in its name",
+                    hint="name checkpoints by step, e.g. step-0100",
+                )
+            children.sort(key=lambda c: (_step_of(c.name), c.name))
+            series = path.name
+            targets += [Target(str(c), f"{series}/{c.name}", series, _step_of(c.name)) for c in children]
+        elif "@" in spec and not path.exists():
+            hub_id, _, revisions = spec.partition("@")
+            revs = [r.strip() for r in revisions.split(",") if r.strip()]
+            if not hub_id or not revs:
+                raise InputError(f"{spec}: expected hub-id@rev1,rev2,…")
+            targets += [
+                Target(
+                    hub_id, f"{hub_id}@{rev}", hub_id, _step_of(rev) if _step_of(rev) is not None else i, rev
+                )
+                for i, rev in enumerate(revs)
+            ]
+        else:
+            targets.append(Target(spec, spec, spec))
+    keys = [t.key for t in targets]
+    if len(set(keys)) != len(keys):
+        duplicate = next(k for k in keys if keys.count(k) > 1)
+        raise InputError(f"the same model is given twice ({duplicate})")
+    return targets
+
+
+def fingerprint(target: Target) -> str:
+    """A cheap digest of the weights a target loads: for each weight file, its name, size and
+    the SHA-256 of its first and last MiB (hashing multi-GB checkpoints whole would cost minutes)."""
+    from headscope.models.spec import resolve
+
+    if target.revision is not None:
+        return f"revision:{target.revision}"
+    resolved = resolve(target.spec)
+    location = Path(resolved.location)
+    if resolved.sha256:
+        return f"sha256:{resolved.sha256}"
+    if resolved.gguf_file:
+        files = [location / resolved.gguf_file]
+    elif location.is_dir():
+        files = sorted(p for p in location.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    else:
+        return f"hub:{resolved.location}"
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        with file.open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+            if size > 2 << 20:
+                handle.seek(-(1 << 20), 2)
+                digest.update(handle.read())
+    return "head-tail:" + digest.hexdigest()[:32]
