@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headscope import __version__
@@ -144,7 +145,7 @@ def _handle_errors(debug: bool) -> Iterator[None]:
     except HeadscopeError as exc:
         if debug:
             traceback.print_exc(file=sys.stderr)
-        err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted: no partial output file was left behind")
@@ -155,7 +156,7 @@ def _handle_errors(debug: bool) -> Iterator[None]:
         if debug:
             traceback.print_exc(file=sys.stderr)
         err.print(
-            f"[red]error:[/red] unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(str(exc))} (rerun with --debug for the traceback)",
             markup=True,
             soft_wrap=True,
         )
@@ -870,7 +871,9 @@ def sweep_cmd(
             "their names), or hub-id@rev1,rev2 (revisions in the local HF cache)."
         ),
     ],
-    out_dir: Annotated[Path, typer.Option("--out", help="The store: result files, manifest.json, sweep.csv.")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="The store: result files, manifest.json, sweep.csv.")
+    ],
     analysis: Annotated[
         str,
         typer.Option(
@@ -949,7 +952,8 @@ def sweep_cmd(
         out.print(
             f"sweep: {runs} runs ({len(result.targets)} models x {len(chosen)} analyses): "
             f"{len(result.computed)} computed, {len(result.skipped)} already in the store, "
-            f"{len(result.failed)} failed; {result.seconds:.1f} s"
+            f"{len(result.failed)} failed; {result.seconds:.1f} s",
+            soft_wrap=True,
         )
         for run_key, reason in result.failed.items():
             out.print(f"failed: {run_key}: {reason}", soft_wrap=True)

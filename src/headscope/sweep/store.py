@@ -97,7 +97,10 @@ class Store:
         self.runs: dict[str, dict[str, Any]] = {}
 
     def open(self) -> None:
+        """Read the manifest (under the lock); remove temporary files a killed driver left."""
         self.results.mkdir(parents=True, exist_ok=True)
+        for stale in [*self.folder.glob(".*.tmp"), *self.results.glob(".*.tmp")]:
+            stale.unlink(missing_ok=True)
         if self.manifest_path.exists():
             try:
                 data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
