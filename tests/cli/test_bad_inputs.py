@@ -50,6 +50,14 @@ IOI_ONCE = (
 COREF_TWO = "items:\n- text: Tom saw Ann and he ran\n  pronoun: [16, 18]\n  candidates:\n  - [0, 3]\n  - {second}\n  antecedent: {antecedent}\n"
 
 
+def _unnumbered(d: Path) -> Path:
+    root = d / "run"
+    for name in ("step-1", "latest"):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text("{}")
+    return root
+
+
 def case_files(d: Path) -> dict[str, tuple[list, str]]:
     """id -> (arguments, text the error line must contain)."""
     gguf = bundled_path("smollm2-135m")
@@ -212,6 +220,15 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         ),
         "retrieval-on-an-encoder": (["retrieval", "minilm-l6"], "is not a causal language model"),
         "ioi-on-an-encoder": (["ioi", "minilm-l6"], "needs a causal language model"),
+        # sweeps
+        "sweep-unknown-analysis": (
+            ["sweep", TOY, "--out", d / "store-a", "--analysis", "induction,nope"],
+            "--analysis nope: unknown analysis",
+        ),
+        "sweep-unnumbered-checkpoint": (
+            ["sweep", _unnumbered(d), "--out", d / "store-b"],
+            "checkpoint folder 'latest' has no number in its name",
+        ),
         # weight-only roles: options and ordinal task files
         "weights-k-zero": (["weights", TOY, "--k", "0"], "--k must be at least 1, got 0"),
         "weights-tokens-zero": (["weights", TOY, "--tokens", "0"], "--tokens must be at least 1, got 0"),
@@ -295,6 +312,8 @@ CASE_IDS = [
     "depths-outside-0-1",
     "retrieval-on-an-encoder",
     "ioi-on-an-encoder",
+    "sweep-unknown-analysis",
+    "sweep-unnumbered-checkpoint",
     "weights-k-zero",
     "weights-tokens-zero",
     "weights-unknown-embedding",
