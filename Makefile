@@ -12,7 +12,7 @@ SOURCES := pyproject.toml $(shell find src configs -type f -not -name '*.pyc' 2>
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo test lint unit bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,19 @@ lint: $(VENV)/.headscope
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: $(VENV)/.headscope lint
+# Headless Chromium and a CJK font for the HTML report's browser tests (Debian packages; needs root).
+# Without them the browser tests fail with a message that says what to install.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! fc-list 2>/dev/null | grep -qi 'Noto.*CJK'; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				chromium fonts-noto-cjk >/dev/null) || echo "warning: apt-get could not install chromium fonts-noto-cjk"; \
+		else \
+			echo "warning: the browser tests need chromium and fonts-noto-cjk: apt-get install chromium fonts-noto-cjk"; \
+		fi; \
+	fi
+
+test: $(VENV)/.headscope lint browser
 	$(BIN)/python -m pytest -q
 
 unit: $(VENV)/.headscope

@@ -234,6 +234,10 @@ def scan(
         Path | None,
         typer.Option("--roles-csv", help="Write one row per head: its role and the score behind it."),
     ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write a self-contained HTML report (role map, head panels, tables)."),
+    ] = None,
     role_threshold: Annotated[
         float, typer.Option("--role-threshold", help="Minimum score for a role.")
     ] = 0.3,
@@ -269,7 +273,7 @@ def scan(
             weights = weights and "weights" in names
             names = [n for n in names if n != "weights"]
             detectors.create(names)  # reject unknown names before loading anything
-        _check_outputs(force, ("-o", output), ("--csv", csv), ("--roles-csv", roles_csv))
+        _check_outputs(force, ("-o", output), ("--csv", csv), ("--roles-csv", roles_csv), ("--html", html))
         rule = RoleRule(threshold=role_threshold, margin=role_margin, alpha=alpha)
         # Read and validate the prompt set before spending seconds on loading a model.
         text_set = load_texts(text if text is not None else builtin(analyses.DEFAULT_TEXT_SET))
@@ -330,6 +334,13 @@ def scan(
         if roles_csv is not None:
             path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv", force)
             err.print(f"wrote {path}", soft_wrap=True)
+        if html is not None:
+            extra = {
+                "roles": report.roles_records(result),
+                "verification": None if checks is None else [_verification_json(c) for c in checks],
+                "circuit_verification": [c.to_json() for _, c in circuit_checks] or None,
+            }
+            _write_html(result, loaded, html, force, extra)
 
 
 @app.command()
@@ -982,6 +993,72 @@ def sweep_cmd(
                 err.print(f"wrote {png}", soft_wrap=True)
         if result.failed:
             raise typer.Exit(1)
+
+
+def _write_html(result, loaded, path: Path, force: bool, extra: dict) -> None:  # noqa: ANN001
+    """The HTML report of a live result: its verdict, and attention maps computed now."""
+    from headscope.outputs import html as page
+    from headscope.outputs import report
+    from headscope.outputs import report_data as data
+
+    saved = report.jsonable(report.report_json(result, "scan", **extra))
+    examples = data.attention_examples(loaded)
+    document = page.render(
+        data.build(saved, layout=data.layout_of(loaded), examples=examples, command=_command_line())
+    )
+    written = report.write_atomic(path, document, "--html", force)
+    err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
+
+
+def _command_line() -> str:
+    import shlex
+
+    return "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@app.command("report")
+def report_cmd(
+    result_file: Annotated[Path, typer.Argument(help="A saved result: the output of scan --format json.")],
+    html: Annotated[Path, typer.Option("--html", help="Where the self-contained HTML report goes.")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Model for the attention heatmaps (default: the one the result names)."),
+    ] = None,
+    examples: Annotated[
+        bool,
+        typer.Option("--examples/--no-examples", help="Compute the attention heatmaps (loads the model)."),
+    ] = True,
+    force: ForceOpt = False,
+    device: DeviceOpt = Device.cpu,
+    debug: DebugOpt = False,
+) -> None:
+    """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
+    _setup_logging(debug)
+    with _handle_errors(debug):
+        from headscope.outputs import html as page
+        from headscope.outputs import report
+        from headscope.outputs import report_data as data
+
+        _check_outputs(force, ("--html", html))
+        saved = data.load_result(result_file)
+        layout = saved.get("layout")
+        maps: list = []
+        notes: list[str] = []
+        if examples:
+            try:
+                loaded = _load(model or str(saved["model"]), device, Dtype.float32, CaptureMode.auto)
+            except HeadscopeError as exc:
+                notes.append(f"attention heatmaps left out: {exc}")
+            else:
+                maps = data.attention_examples(loaded)
+                layout = data.layout_of(loaded)
+        built = data.build(saved, layout=layout, examples=maps, command=_command_line())
+        built["notes"] += notes
+        document = page.render(built)
+        written = report.write_atomic(html, document, "--html", force)
+        for note in notes:
+            err.print(f"note: {note}", soft_wrap=True)
+        err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
 
 
 def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # noqa: ANN001

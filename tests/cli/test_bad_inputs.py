@@ -220,6 +220,24 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         ),
         "retrieval-on-an-encoder": (["retrieval", "minilm-l6"], "is not a causal language model"),
         "ioi-on-an-encoder": (["ioi", "minilm-l6"], "needs a causal language model"),
+        # the HTML report
+        "report-not-headscopes": (
+            ["report", write(d / "other.json", '{"name": "not ours"}'), "--html", d / "r1.html"],
+            "other.json: not a headscope result",
+        ),
+        "report-truncated": (
+            [
+                "report",
+                write(d / "cut.json", '{"headscope": "0.1", "rows": [{"layer": 0'),
+                "--html",
+                d / "r2.html",
+            ],
+            "cut.json:1: not valid JSON",
+        ),
+        "report-html-exists": (
+            ["report", write(d / "other2.json", "{}"), "--html", write(d / "exists.html", "keep me\n")],
+            "exists.html: file exists",
+        ),
         # sweeps
         "sweep-unknown-analysis": (
             ["sweep", TOY, "--out", d / "store-a", "--analysis", "induction,nope"],
@@ -312,6 +330,9 @@ CASE_IDS = [
     "depths-outside-0-1",
     "retrieval-on-an-encoder",
     "ioi-on-an-encoder",
+    "report-not-headscopes",
+    "report-truncated",
+    "report-html-exists",
     "sweep-unknown-analysis",
     "sweep-unnumbered-checkpoint",
     "weights-k-zero",

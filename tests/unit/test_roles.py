@@ -111,6 +111,7 @@ def test_sink_is_only_a_fallback_role():
         )
     roles = head_roles(assign_roles(pd.DataFrame(rows)))
     assert roles.role.tolist() == ["ind"] and roles.n_roles.tolist() == [2]
+    assert roles.secondary.tolist() == ["sink"]  # the role it also holds, for --roles-csv
 
 
 @pytest.mark.parametrize("n_sequences", [1, 4])

@@ -139,6 +139,18 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
         "rows": records(report.table[CSV_COLUMNS]),
         "notes": list(report.notes),
     }
+    if report.layout is not None:
+        layout = report.layout
+        out["layout"] = {
+            "layers": layout.n_layers,
+            "heads": layout.n_heads,
+            "kv_heads": layout.n_kv_heads,
+            "group_size": layout.group_size,
+            "head_dim": layout.head_dim,
+            "d_model": layout.d_model,
+            "local_layers": list(layout.local_layers),
+            "window": layout.window,
+        }
     if report.layout is not None and report.layout.local_layers:
         out["layers"] = {
             "local": list(report.layout.local_layers),
@@ -537,6 +549,30 @@ ROLE_MEANINGS = {
     "supp": "copy suppression (lowers the token it reads)",
     "succ": "successor (Monday → Tuesday, 一 → 二)",
 }
+# The HTML report's colours (sink is the muted resting state).
+ROLE_COLORS = {
+    "prev": "#4dabf7",
+    "dup": "#da77f2",
+    "ind": "#f03e3e",
+    "sink": "#e9ecef",
+    "coref": "#2f9e44",
+    "subj": "#fab005",
+    "obj": "#fd7e14",
+    "det": "#74c0fc",
+    "amod": "#a9e34b",
+    "adv": "#ffa8a8",
+    "aux": "#63e6be",
+    "case": "#b197fc",
+    "mark": "#ffd43b",
+    "clf": "#e599f7",
+    "retr": "#f59f00",
+    "nm": "#1c7ed6",
+    "neg": "#364fc7",
+    "sinh": "#0ca678",
+    "copy": "#37b24d",
+    "supp": "#c92a2a",
+    "succ": "#e8590c",
+}
 ROLE_STYLES = {
     "prev": "cyan",
     "dup": "magenta",
@@ -585,11 +621,15 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     legend = "; ".join(
         f"{label} = {ROLE_MEANINGS.get(label, RELATION_NAMES.get(label, label))}" for label in used
     )
-    counts = heads[heads.role != ""].role.value_counts()
+    working = heads[(heads.role != "") & (heads.role != "sink")]
+    counts = working.role.value_counts()
+    sinks = int((heads.role == "sink").sum())
     console.print(f"legend: {legend}" if legend else "no head qualifies for any role")
     console.print(
-        f"{int((heads.role != '').sum())} of {len(heads)} heads have a role "
-        f"({', '.join(f'{k} {v}' for k, v in counts.items())}); {rule_text}"
+        f"{len(working)} of {len(heads)} heads have a role "
+        f"({', '.join(f'{k} {v}' for k, v in counts.items()) or 'none'}); {sinks} more only park their "
+        f"attention on the first token (sink, dimmed: the resting state); "
+        f"{len(heads) - len(working) - sinks} have none; {rule_text}"
     )
 
 

@@ -156,11 +156,18 @@ def head_roles(table: pd.DataFrame) -> pd.DataFrame:
     qualified["resting"] = qualified["role"] == RESTING_ROLE
     qualified = qualified.sort_values(["resting", "strength"], ascending=[True, False])
     best = qualified.drop_duplicates(["layer", "head"])
-    columns = [c for c in ROLES_CSV_COLUMNS if c not in {"model", "kv_group", "n_roles"}]
+    columns = [c for c in ROLES_CSV_COLUMNS if c not in {"model", "kv_group", "n_roles", "secondary"}]
     merged = heads.merge(best[columns], on=["layer", "head"], how="left")
     counts = qualified.groupby(["layer", "head"]).size().rename("n_roles")
     merged = merged.merge(counts, on=["layer", "head"], how="left")
     merged["n_roles"] = merged["n_roles"].fillna(0).astype(int)
+    # The other roles a head qualifies for, strongest first (distinct labels, the shown one left out).
+    others = qualified.groupby(["layer", "head"], sort=False)["role"].apply(lambda r: list(dict.fromkeys(r)))
+    shown = dict(zip(zip(best["layer"], best["head"], strict=True), best["role"], strict=True))
+    secondary = {key: ";".join(r for r in labels if r != shown.get(key)) for key, labels in others.items()}
+    merged["secondary"] = [
+        secondary.get((int(a), int(b)), "") for a, b in zip(merged["layer"], merged["head"], strict=True)
+    ]
     merged["role"] = merged["role"].fillna("")
     return merged.sort_values(["layer", "head"]).reset_index(drop=True)
 
@@ -172,6 +179,7 @@ ROLES_CSV_COLUMNS = [
     "kv_group",
     "role",
     "n_roles",
+    "secondary",
     "data",
     "detector",
     "relation",
