@@ -1,0 +1,245 @@
+"""The HTML report: one self-contained, offline page.
+
+``render(data)`` returns a single HTML document: the stylesheet in a ``<style>``, the report data as
+JSON in ``<script id="headscope-data" type="application/json">`` and the script that draws the page
+from it. Nothing is loaded from the network (no fonts, no CDNs), so the file works from ``file://``
+and can be mailed around. ``check_data(data)`` validates the shape the page relies on.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import math
+import re
+from importlib import resources
+from typing import Any
+
+SCHEMA = "headscope-report/1"
+
+_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+_MAP_KEY = re.compile(r"^\d+,\d+$")
+
+# Field specs: name -> (allowed types, description for messages). ``None`` in the tuple allows null.
+_NUM = (int, float)
+_NUM_OR_NULL = (int, float, type(None))
+
+_TOP: dict[str, tuple[type, ...]] = {
+    "schema": (str,),
+    "title": (str,),
+    "model": (dict,),
+    "headscope": (str,),
+    "command": (str,),
+    "created": (str,),
+    "datasets": (list,),
+    "roles": (list,),
+    "heads": (list,),
+    "tables": (list,),
+    "summaries": (list,),
+    "notes": (list,),
+    "examples": (list,),
+}
+_MODEL: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "layers": (int,),
+    "heads": (int,),
+    "kv_heads": (int,),
+    "group_size": (int,),
+    "head_dim": (int,),
+    "d_model": (int,),
+    "local_layers": (list,),
+    "global_layers": (list,),
+    "window": (int, type(None)),
+    "causal": (bool,),
+}
+_DATASET = {"data": (str,), "description": (str,)}
+_ROLE = {"label": (str,), "meaning": (str,), "color": (str,)}
+_HEAD: dict[str, tuple[type, ...]] = {
+    "layer": (int,),
+    "head": (int,),
+    "kv_group": (int,),
+    "role": (str,),
+    "secondary": (list,),
+    "score": _NUM_OR_NULL,
+    "ci_low": _NUM_OR_NULL,
+    "ci_high": _NUM_OR_NULL,
+    "baseline": _NUM_OR_NULL,
+    "table": (str, type(None)),
+}
+_TABLE: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "title": (str,),
+    "data": (str,),
+    "detector": (str,),
+    "relation": (str,),
+    "direction": (str,),
+    "summary": (str,),
+    "baseline": _NUM_OR_NULL,
+    "signed": (bool,),
+    "rows": (list,),
+}
+_ROW: dict[str, tuple[type, ...]] = {
+    "layer": (int,),
+    "head": (int,),
+    "kv_group": (int,),
+    "score": _NUM_OR_NULL,
+    "baseline": _NUM_OR_NULL,
+    "ci_low": _NUM_OR_NULL,
+    "ci_high": _NUM_OR_NULL,
+    "n": (int,),
+    "rank": (int,),
+    "role": (str,),
+}
+_SUMMARY = {"title": (str,), "columns": (list,), "rows": (list,)}
+_EXAMPLE = {"name": (str,), "tokens": (list,), "maps": (dict,)}
+
+_MAX_TOKENS = 64
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _want(types: tuple[type, ...]) -> str:
+    names = ["null" if t is type(None) else ("number" if t is float else t.__name__) for t in types]
+    if "number" in names and "int" in names:
+        names.remove("int")
+    return " or ".join(dict.fromkeys(names))
+
+
+def _check_value(where: str, value: Any, types: tuple[type, ...]) -> None:
+    # bool is an int subclass: it is only accepted where bool is asked for.
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        raise ValueError(f"{where}: expected {_want(types)}, got {_type_name(value)} ({value!r:.60})")
+
+
+def _check_fields(where: str, obj: Any, spec: dict[str, tuple[type, ...]]) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected an object, got {_type_name(obj)}")
+    for key, types in spec.items():
+        if key not in obj:
+            raise ValueError(f"{where}: missing key {key!r}")
+        _check_value(f"{where}[{key!r}]", obj[key], types)
+
+
+def _check_list(where: str, items: Any, item_type: tuple[type, ...]) -> None:
+    for i, item in enumerate(items):
+        _check_value(f"{where}[{i}]", item, item_type)
+
+
+def check_data(data: Any) -> None:
+    """Raise ``ValueError`` naming the first key or value that does not fit the report schema."""
+    _check_fields("data", data, _TOP)
+    if data["schema"] != SCHEMA:
+        raise ValueError(f"data['schema']: expected {SCHEMA!r}, got {data['schema']!r}")
+
+    model = data["model"]
+    _check_fields("data['model']", model, _MODEL)
+    _check_list("data['model']['local_layers']", model["local_layers"], (int,))
+    _check_list("data['model']['global_layers']", model["global_layers"], (int,))
+    for key in ("layers", "heads"):
+        if model[key] < 0:
+            raise ValueError(f"data['model'][{key!r}]: must be >= 0, got {model[key]}")
+
+    for i, ds in enumerate(data["datasets"]):
+        _check_fields(f"data['datasets'][{i}]", ds, _DATASET)
+
+    for i, role in enumerate(data["roles"]):
+        where = f"data['roles'][{i}]"
+        _check_fields(where, role, _ROLE)
+        if not _COLOR.match(role["color"]):
+            raise ValueError(f"{where}['color']: expected '#rrggbb', got {role['color']!r}")
+
+    for i, head in enumerate(data["heads"]):
+        where = f"data['heads'][{i}]"
+        _check_fields(where, head, _HEAD)
+        _check_list(f"{where}['secondary']", head["secondary"], (str,))
+
+    for i, table in enumerate(data["tables"]):
+        where = f"data['tables'][{i}]"
+        _check_fields(where, table, _TABLE)
+        for j, row in enumerate(table["rows"]):
+            _check_fields(f"{where}['rows'][{j}]", row, _ROW)
+
+    for i, summary in enumerate(data["summaries"]):
+        where = f"data['summaries'][{i}]"
+        _check_fields(where, summary, _SUMMARY)
+        _check_list(f"{where}['columns']", summary["columns"], (str,))
+        for j, row in enumerate(summary["rows"]):
+            _check_value(f"{where}['rows'][{j}]", row, (list,))
+            _check_list(f"{where}['rows'][{j}]", row, (str, int, float, bool, type(None)))
+
+    _check_list("data['notes']", data["notes"], (str,))
+
+    for i, example in enumerate(data["examples"]):
+        where = f"data['examples'][{i}]"
+        _check_fields(where, example, _EXAMPLE)
+        tokens = example["tokens"]
+        _check_list(f"{where}['tokens']", tokens, (str,))
+        if len(tokens) > _MAX_TOKENS:
+            raise ValueError(f"{where}['tokens']: at most {_MAX_TOKENS} tokens, got {len(tokens)}")
+        for key, value in example["maps"].items():
+            if not _MAP_KEY.match(key):
+                raise ValueError(f"{where}['maps']: key {key!r} is not 'layer,head'")
+            _check_value(f"{where}['maps'][{key!r}]", value, (str,))
+
+
+def _finite(value: Any) -> Any:
+    """A copy of ``value`` with every NaN or infinity replaced by None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def data_json(data: dict) -> str:
+    """The report data as JSON that is safe inside a ``<script>`` element.
+
+    ``<`` (and ``>``, ``&``) become ``\\u003c`` etc., so no string can close the element, and the
+    ``:`` of a URL scheme is escaped so the page holds no network reference even as text;
+    ``JSON.parse`` and ``json.loads`` give the original strings back.
+    """
+    text = json.dumps(_finite(data), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    # U+2028/2029 are valid in JSON but some tools treat them as line ends.
+    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return re.sub(r"(?i)(https?):", r"\1\\u003a", text)
+
+
+def _asset(name: str) -> str:
+    text = (resources.files("headscope.outputs") / "assets" / name).read_text(encoding="utf-8")
+    closing = "</style" if name.endswith(".css") else "</script"
+    if closing in text.lower():
+        raise ValueError(f"asset {name} contains {closing!r}")
+    return text
+
+
+def render(data: dict) -> str:
+    """The whole report as one HTML document (a string)."""
+    check_data(data)
+    title = _html.escape(data["title"])
+    title = re.sub(r"(?i)(https?):", r"\1&#58;", title)
+    css = _asset("report.css")
+    js = _asset("report.js")
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<meta name="generator" content="headscope">\n'
+        f"<title>{title}</title>\n"
+        f"<style>\n{css}</style>\n"
+        "</head>\n<body>\n"
+        '<header id="header"><h1 id="title">'
+        f"{title}</h1></header>\n"
+        '<noscript><p class="noscript">This report is drawn by JavaScript; '
+        "enable it to see the tables. The data is in the page source.</p></noscript>\n"
+        '<main id="main"></main>\n'
+        '<div id="tooltip" data-testid="tooltip" role="tooltip" hidden></div>\n'
+        f'<script id="headscope-data" type="application/json">{data_json(data)}</script>\n'
+        f"<script>\n{js}</script>\n"
+        "</body>\n</html>\n"
+    )
