@@ -1018,7 +1018,9 @@ def _command_line() -> str:
 
 @app.command("report")
 def report_cmd(
-    result_file: Annotated[Path, typer.Argument(help="A saved result: the output of scan --format json.")],
+    result_file: Annotated[
+        Path, typer.Argument(help="A saved result (scan --format json output) or a headscope sweep store.")
+    ],
     html: Annotated[Path, typer.Option("--html", help="Where the self-contained HTML report goes.")],
     model: Annotated[
         str | None,
@@ -1028,6 +1030,12 @@ def report_cmd(
         bool,
         typer.Option("--examples/--no-examples", help="Compute the attention heatmaps (loads the model)."),
     ] = True,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", help="Sweep store: the run's key or model label (default: the last finished run)."
+        ),
+    ] = None,
     force: ForceOpt = False,
     device: DeviceOpt = Device.cpu,
     debug: DebugOpt = False,
@@ -1040,13 +1048,14 @@ def report_cmd(
         from headscope.outputs import report_data as data
 
         _check_outputs(force, ("--html", html))
-        saved = data.load_result(result_file)
+        saved = data.load_result(result_file, run)
         layout = saved.get("layout")
         maps: list = []
         notes: list[str] = []
         if examples:
             try:
-                loaded = _load(model or str(saved["model"]), device, Dtype.float32, CaptureMode.auto)
+                spec = model or str(saved.get("spec") or saved["model"])
+                loaded = _load(spec, device, Dtype.float32, CaptureMode.auto)
             except HeadscopeError as exc:
                 notes.append(f"attention heatmaps left out: {exc}")
             else:

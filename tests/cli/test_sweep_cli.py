@@ -98,6 +98,15 @@ def test_a_model_that_fails_is_recorded_and_the_sweep_goes_on(tmp_path):
     failed = [e for e in manifest["runs"].values() if e["status"] == "failed"]
     assert len(failed) == 1 and "no-such-model" in failed[0]["error"] and "\n" not in failed[0]["error"]
     assert "failed: " in result.stdout and "Traceback" not in result.stdout + result.stderr
+    # The finished run of the store becomes an HTML report, heatmaps from the model it names.
+    page = tmp_path / "report.html"
+    result = invoke("report", store, "--html", page)
+    assert result.exit_code == 0, result.stderr
+    text = page.read_text()
+    start = text.index('<script id="headscope-data" type="application/json">')
+    embedded = json.loads(text[text.index(">", start) + 1 : text.index("</script>", start)])
+    assert embedded["model"]["layers"] == 2 and len(embedded["heads"]) == 8
+    assert len(embedded["examples"]) == 3 and embedded["tables"]
 
 
 def test_two_sweeps_on_one_store_are_refused(tmp_path):

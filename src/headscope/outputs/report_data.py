@@ -37,13 +37,19 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(number) or math.isinf(number) else number
 
 
-def load_result(path: str | Path) -> dict[str, Any]:
-    """A saved headscope result (``--format json``), checked: exit 2 with one line when it is not one."""
+def load_result(path: str | Path, run: str | None = None) -> dict[str, Any]:
+    """A saved headscope result (``--format json``), or one run of a sweep store (``run``: its key or
+    model label; default the last finished run), checked: exit 2 with one line when it is not one."""
     path = Path(path).expanduser()
     if not path.exists():
         raise InputError(f"{path}: no such file", hint="give the output of headscope scan --format json")
     if path.is_dir():
-        raise InputError(f"{path}: is a folder", hint="give the output of headscope scan --format json")
+        if (path / "manifest.json").is_file():
+            return load_sweep_run(path, run)
+        raise InputError(
+            f"{path}: is a folder without a sweep manifest",
+            hint="give the output of headscope scan --format json, or a headscope sweep store",
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -62,6 +68,46 @@ def load_result(path: str | Path) -> dict[str, Any]:
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise InputError(f"{path}: the result holds no head rows")
     return data
+
+
+def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
+    """One finished run of a ``headscope sweep`` store as a result dictionary."""
+    from headscope.sweep.store import Store
+
+    store = Store(folder)
+    try:
+        store.runs = dict(json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("runs", {}))
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"{folder / 'manifest.json'}: not a readable sweep manifest") from None
+    done = {key: entry for key, entry in store.runs.items() if entry.get("status") == "done"}
+    if not done:
+        raise InputError(f"{folder}: the sweep store holds no finished run")
+    if run is None:
+        key = max(done, key=lambda k: (done[k].get("step") is not None, done[k].get("step") or 0, k))
+    else:
+        matches = [
+            k for k, e in done.items() if run in (k, e.get("label"), f"{e.get('label')}:{e.get('analysis')}")
+        ]
+        if not matches:
+            raise InputError(f"--run {run}: no finished run of {folder} has that key or label")
+        key = matches[0]
+    entry = done[key]
+    if store.is_done(key, entry.get("options"), entry.get("fingerprint"))[0] is False:
+        raise InputError(
+            f"{folder}: run {key}'s result file does not match its checksum", hint="rerun the sweep"
+        )
+    payload = store.load(key)
+    return {
+        "headscope": entry.get("headscope", __version__),
+        "command": str(entry.get("analysis", "sweep")),
+        "model": entry.get("label", key),
+        "spec": entry.get("spec"),
+        "sections": [],
+        "rows": payload["rows"],
+        "notes": [f"sweep store {folder}, run {key}", *payload.get("notes", [])],
+        "copy_loss": None,
+        "layout": {"layers": payload.get("layers"), "heads": payload.get("heads")},
+    }
 
 
 def _tables(rows: pd.DataFrame, sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -211,7 +257,7 @@ def build(
         rows[column] = rows[column].fillna("").astype(str)
     layers = int(rows["layer"].max()) + 1
     heads = int(rows["head"].max()) + 1
-    layout = layout or result.get("layout") or {}
+    layout = {k: v for k, v in (layout or result.get("layout") or {}).items() if v is not None}
     local = list((result.get("layers") or {}).get("local", layout.get("local_layers", [])))
     model = {
         "name": str(result["model"]),
