@@ -34,9 +34,12 @@ def test_smollm2_scan_every_head_every_detector(smollm2):
     assert {"syntax-en", "syntax-zh", "coref-en", "coref-zh", "ioi-en", "ioi-zh"} <= set(table.data)
     assert {"retrieval-en", "retrieval-zh"} <= set(table.data)
     assert {"retr", "nm", "neg", "sinh"} <= set(table.role)
-    assert set(report.outcomes) == {"ioi-en", "ioi-zh", "retrieval-en", "retrieval-zh"}
+    # The weight-only roles come with every scan: L24H4 suppresses, L23H2 copies (see README).
+    assert {"copy", "supp"} <= set(table.role)
+    assert set(report.outcomes) == {"ioi-en", "ioi-zh", "retrieval-en", "retrieval-zh", "vocab"}
     assert report.outcomes["ioi-en"].accuracy >= 0.9
-    signed = table.relation.isin(["dla", "s-inhibition"])  # nats and attention differences
+    # nats, attention differences, and the eigenvalue score in [-1, 1]
+    signed = table.relation.isin(["dla", "s-inhibition", "eigenvalue"])
     for key, group in table.groupby(["data", "detector", "relation", "direction"]):
         assert sorted(group["rank"]) == list(range(1, 271)), key
         if not signed[group.index].any():
@@ -74,6 +77,7 @@ def test_minilm_encoder_scan(minilm):
     assert set(counts.values()) == {72} and len(counts) == 4
     # The circuit analyses read next-token predictions: an encoder gets a note, not a crash.
     assert any(n.startswith("ioi, retrieval: not run") for n in report.notes), report.notes
+    assert any(n.startswith("weights: not run") for n in report.notes), report.notes
     assert set(table.groupby(["data", "detector", "relation", "direction"]).size()) == {72}
     previous = table[table.detector == "previous-token"].sort_values("rank").iloc[0]
     # BERT-style models have strong previous-token heads (Clark et al. 2019).

@@ -61,9 +61,11 @@ def scan(
     seed: int = 0,
     role_rule: RoleRule | None = None,
     progress: ProgressFactory | None = None,
-    include_weights: bool = True,
+    include_weights: bool | None = None,
 ) -> Report:
     """Run every detector on the data it is defined on, and (``include_weights``) the weight-only roles.
+
+    ``include_weights`` None means: with every detector (``detector_names`` None), not with a chosen few.
 
     Position detectors (previous-token, sink) read natural text; token-identity detectors
     (duplicate-token, induction) read repeated random tokens, where the right answer is known;
@@ -140,6 +142,8 @@ def scan(
             inputs.update(part.inputs)
             outcomes.update(part.outcomes)
 
+    if include_weights is None:
+        include_weights = detector_names is None
     if include_weights:
         if loaded.has_lm_head:
             from .weights import weights
