@@ -36,7 +36,7 @@ from headscope.weights.ov import (
 )
 from headscope.weights.tasks import ResolvedTask, continuation_prompts, resolve_tasks
 
-from .base import ProgressFactory, Report, _prompt_set_report
+from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 
 DEFAULT_TASK_SETS = ("ordinal/en.yaml", "ordinal/zh.yaml")
 DEFAULT_EMBEDDING: Embedding = "mlp0"
@@ -385,7 +385,7 @@ def verify_successor(
     rng = random.Random(seed)
     controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
     batches = capture.make_batches(
-        contexts, specials, batch_size=batch_size, pad_id=_pad(loaded), is_causal=loaded.is_causal
+        contexts, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
     )
     means = None
     if mode == "mean":
@@ -394,18 +394,6 @@ def verify_successor(
     ablated = _continue(loaded, batches, targets, capture.Ablation.of(heads, mode, means))
     randoms = [_continue(loaded, batches, targets, capture.Ablation.of(c, mode, means)) for c in controls]
     return SuccessorAblation(data, mode, heads, controls, clean, ablated, randoms)
-
-
-def _pad(loaded: LoadedModel) -> int:
-    tokenizer = loaded.tokenizer
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if candidate is not None:
-            return int(candidate)
-    return 0
-
-
-def baseline_text(outcome: WeightOutcome) -> str:
-    return f"k / vocabulary = {outcome.k} / {outcome.candidates:,} = {outcome.k / outcome.candidates:.2e}"
 
 
 __all__ = [

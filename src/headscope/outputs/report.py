@@ -125,6 +125,20 @@ def _section_json(section: Section) -> dict[str, Any]:
     return fields
 
 
+def layout_json(layout: Any) -> dict[str, Any]:
+    """A HeadLayout as JSON (the result files and the HTML report)."""
+    return {
+        "layers": layout.n_layers,
+        "heads": layout.n_heads,
+        "kv_heads": layout.n_kv_heads,
+        "group_size": layout.group_size,
+        "head_dim": layout.head_dim,
+        "d_model": layout.d_model,
+        "local_layers": list(layout.local_layers),
+        "window": layout.window,
+    }
+
+
 def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report: the CSV rows plus what the tables say around them."""
     from headscope import __version__
@@ -140,17 +154,7 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
         "notes": list(report.notes),
     }
     if report.layout is not None:
-        layout = report.layout
-        out["layout"] = {
-            "layers": layout.n_layers,
-            "heads": layout.n_heads,
-            "kv_heads": layout.n_kv_heads,
-            "group_size": layout.group_size,
-            "head_dim": layout.head_dim,
-            "d_model": layout.d_model,
-            "local_layers": list(layout.local_layers),
-            "window": layout.window,
-        }
+        out["layout"] = layout_json(report.layout)
     if report.layout is not None and report.layout.local_layers:
         out["layers"] = {
             "local": list(report.layout.local_layers),
@@ -784,6 +788,25 @@ def print_info(info: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def _ablation_runs(result: Any, columns: tuple[str, str], loss_of: Callable[[Any], float]) -> Table:
+    """One row per run of an ablation check: clean, top-k heads ablated, each random draw."""
+    table = Table()
+    for name in ("run", "heads", *columns):
+        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
+
+    def heads_text(heads: list) -> str:
+        return " ".join(f"L{layer}H{head}" for layer, head in heads)
+
+    k = len(result.heads)
+    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(loss_of(result.clean)))
+    table.add_row(
+        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(loss_of(result.ablated))
+    )
+    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
+        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(loss_of(run)))
+    return table
+
+
 def print_retrieval_ablation(result: Any, console: Console) -> None:
     """Needle accuracy and answer loss: intact, top-K retrieval heads ablated, random same-layer heads."""
     k = len(result.heads)
@@ -792,20 +815,7 @@ def print_retrieval_ablation(result: Any, console: Console) -> None:
         f"[bold]ablation ({result.mode}){where}[/bold]: top-{k} retrieval heads vs {k} random heads "
         f"from the same layers ({len(result.random)} draws)"
     )
-    table = Table()
-    for name in ("run", "heads", "needle accuracy", "answer loss (nats)"):
-        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
-
-    def heads_text(heads: list) -> str:
-        return " ".join(f"L{layer}H{head}" for layer, head in heads)
-
-    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(result.clean.answer_loss))
-    table.add_row(
-        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(result.ablated.answer_loss)
-    )
-    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
-        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(run.answer_loss))
-    console.print(table)
+    console.print(_ablation_runs(result, ("needle accuracy", "answer loss (nats)"), lambda o: o.answer_loss))
     mean_random = sum(r.accuracy for r in result.random) / len(result.random)
     console.print(
         f"needle accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} with the top heads "
@@ -821,20 +831,7 @@ def print_successor_ablation(result: Any, console: Console) -> None:
         f"random heads from the same layers ({len(result.random)} draws), on {result.clean.n} prompts of "
         'three consecutive members (e.g. "Monday, Tuesday, Wednesday," → " Thursday")'
     )
-    table = Table()
-    for name in ("run", "heads", "next-member accuracy", "loss (nats)"):
-        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
-
-    def heads_text(heads: list) -> str:
-        return " ".join(f"L{layer}H{head}" for layer, head in heads)
-
-    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(result.clean.loss))
-    table.add_row(
-        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(result.ablated.loss)
-    )
-    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
-        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(run.loss))
-    console.print(table)
+    console.print(_ablation_runs(result, ("next-member accuracy", "loss (nats)"), lambda o: o.loss))
     mean_acc = sum(r.accuracy for r in result.random) / len(result.random)
     mean_loss = sum(r.loss for r in result.random) / len(result.random)
     console.print(

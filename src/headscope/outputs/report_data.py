@@ -383,15 +383,6 @@ def attention_examples(loaded: Any, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def layout_of(loaded: Any) -> dict[str, Any]:
-    layout = loaded.layout
-    return {
-        "layers": layout.n_layers,
-        "heads": layout.n_heads,
-        "kv_heads": layout.n_kv_heads,
-        "group_size": layout.group_size,
-        "head_dim": layout.head_dim,
-        "d_model": layout.d_model,
-        "local_layers": list(layout.local_layers),
-        "window": layout.window,
-        "causal": bool(loaded.is_causal),
-    }
+    from headscope.outputs.report import layout_json
+
+    return {**layout_json(loaded.layout), "causal": bool(loaded.is_causal)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from headscope.errors import HeadscopeError, InputError
@@ -174,6 +174,3 @@ def run_ray(
     finally:
         if started_here:
             ray.shutdown()
-
-
-Progress = Callable[[Task, Outcome], None]

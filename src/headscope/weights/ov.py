@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -227,11 +227,6 @@ class Circuits:
             )
 
 
-def iterate_layers(circuits: Circuits) -> Iterator[tuple[int, LayerOV]]:
-    for index in range(circuits.layout.n_layers):
-        yield index, circuits.layer(index)
-
-
 # --- the token tests, exact over the whole candidate vocabulary, with early stopping ------------------
 
 FIRST_CHUNK = 1024
@@ -336,6 +331,3 @@ def successor_hits(
         logits = (values[rows] @ w_o) @ unembed[tokens].T  # [pairs, task size]
         hits[rows] = logits.argmax(-1) == successor
     return hits
-
-
-ProgressStep = Callable[[int], None]
