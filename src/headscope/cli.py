@@ -19,7 +19,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headscope import __version__
+from headscope import __version__, files
 from headscope.errors import HeadscopeError, InputError
 from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
 
@@ -332,7 +332,7 @@ def scan(
             },
         )
         if roles_csv is not None:
-            path = report.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv", force)
+            path = files.write_atomic(roles_csv, report.roles_csv(result), "--roles-csv", force)
             err.print(f"wrote {path}", soft_wrap=True)
         if html is not None:
             extra = {
@@ -406,7 +406,7 @@ def induction(
             effect = None
             if ablate:
                 from headscope.analyses.ablation import ablate as run_ablation
-                from headscope.analyses.ablation import top_heads
+                from headscope.verdicts.heads import top_heads
 
                 heads = top_heads(result.table, "induction", ablate)
                 effect = run_ablation(
@@ -437,7 +437,7 @@ def induction(
         )
         if effect is not None and json_out is not None:
             text = json.dumps(effect.to_json(), indent=2) + "\n"
-            path = report.write_atomic(json_out, text, "--json", force)
+            path = files.write_atomic(json_out, text, "--json", force)
             err.print(f"wrote {path}", soft_wrap=True)
 
 
@@ -677,7 +677,7 @@ def retrieval(
             extra_json=lambda: {"ablation": None if effect is None else effect.to_json()},
         )
         if png is not None:
-            with report.atomic_path(png, "--png", force) as tmp:
+            with files.atomic_path(png, "--png", force) as tmp:
                 views.save_needle_png(outcome, tmp, f"{loaded.name}: {needle_set.name}")
             err.print(f"wrote {png}", soft_wrap=True)
 
@@ -988,7 +988,7 @@ def sweep_cmd(
             if png is not None:
                 from headscope.outputs import views
 
-                with report.atomic_path(png, "--png", True) as tmp:
+                with files.atomic_path(png, "--png", True) as tmp:
                     views.save_sweep_png(result.table, result.losses, tmp, top=top)
                 err.print(f"wrote {png}", soft_wrap=True)
         if result.failed:
@@ -997,16 +997,17 @@ def sweep_cmd(
 
 def _write_html(result, loaded, path: Path, force: bool, extra: dict) -> None:  # noqa: ANN001
     """The HTML report of a live result: its verdict, and attention maps computed now."""
+    from headscope.analyses.examples import attention_examples
     from headscope.outputs import html as page
     from headscope.outputs import report
     from headscope.outputs import report_data as data
 
     saved = report.jsonable(report.report_json(result, "scan", **extra))
-    examples = data.attention_examples(loaded)
+    examples = attention_examples(loaded)
     document = page.render(
         data.build(saved, layout=data.layout_of(loaded), examples=examples, command=_command_line())
     )
-    written = report.write_atomic(path, document, "--html", force)
+    written = files.write_atomic(path, document, "--html", force)
     err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
 
 
@@ -1043,12 +1044,13 @@ def report_cmd(
     """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
     _setup_logging(debug)
     with _handle_errors(debug):
+        from headscope.analyses.examples import attention_examples
         from headscope.outputs import html as page
-        from headscope.outputs import report
         from headscope.outputs import report_data as data
+        from headscope.sweep.results import load_result
 
         _check_outputs(force, ("--html", html))
-        saved = data.load_result(result_file, run)
+        saved = load_result(result_file, run)
         layout = saved.get("layout")
         maps: list = []
         notes: list[str] = []
@@ -1059,12 +1061,12 @@ def report_cmd(
             except HeadscopeError as exc:
                 notes.append(f"attention heatmaps left out: {exc}")
             else:
-                maps = data.attention_examples(loaded)
+                maps = attention_examples(loaded)
                 layout = data.layout_of(loaded)
         built = data.build(saved, layout=layout, examples=maps, command=_command_line())
         built["notes"] += notes
         document = page.render(built)
-        written = report.write_atomic(html, document, "--html", force)
+        written = files.write_atomic(html, document, "--html", force)
         for note in notes:
             err.print(f"note: {note}", soft_wrap=True)
         err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
@@ -1075,7 +1077,7 @@ def _verify_circuits(loaded, result, k: int, seed: int, progress) -> list:  # no
     from headscope.analyses import ioi as circuit
     from headscope.analyses import retrieval as needle
     from headscope.analyses import weights as ov
-    from headscope.analyses.ablation import top_heads
+    from headscope.verdicts.heads import top_heads
 
     out = []
     for data, outcome in result.outcomes.items():
@@ -1122,13 +1124,12 @@ def _verification_json(check) -> dict:  # noqa: ANN001
 
 def _check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
     """Reject unwritable, clashing or (without --force) existing output paths before any work."""
-    from headscope.outputs import report
 
     seen: dict[Path, str] = {}
     for option, path in pairs:
         if path is None or str(path) == "-":
             continue
-        target = report.check_writable(path, option, force).resolve()
+        target = files.check_writable(path, option, force).resolve()
         if target in seen:
             raise InputError(f"{option} and {seen[target]} both write {path}", hint="give each its own file")
         seen[target] = option
@@ -1158,7 +1159,7 @@ def _emit(
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        path = report.write_atomic(output, text, "-o", force)
+        path = files.write_atomic(output, text, "-o", force)
         err.print(f"wrote {fmt.value} to {path}", soft_wrap=True)
 
 
@@ -1197,7 +1198,7 @@ def _finish(
     for note in result.notes:
         err.print(f"note: {note}", soft_wrap=True)
     if csv is not None:
-        path = report.write_atomic(csv, report.table_csv(result.table), "--csv", force)
+        path = files.write_atomic(csv, report.table_csv(result.table), "--csv", force)
         err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
 
 
@@ -1238,25 +1239,26 @@ def show(
     with _handle_errors(debug):
         import pandas as pd
 
+        from headscope.analyses import show as looking
         from headscope.outputs import report, views
 
         _check_outputs(force, ("-o", output), ("--png", png))
         if word_sep is not None and not words:
             raise InputError("--word-sep needs --words")
-        views.check_text(text)  # cheap checks before spending seconds on loading a model
-        views.parse_heads(head, None)  # the syntax now, the range once the model is known
+        looking.check_text(text)  # cheap checks before spending seconds on loading a model
+        looking.parse_heads(head, None)  # the syntax now, the range once the model is known
         spans = None
         if words:
             if word_sep is not None:
-                text, spans = views.split_marked(text, word_sep)
+                text, spans = looking.split_marked(text, word_sep)
             else:
-                spans = views.word_spans(text)
+                spans = looking.word_spans(text)
         loaded = _load(model, device, dtype, capture, device_map)
         _header(loaded)
-        heads = views.parse_heads(head, loaded.layout.n_heads)
-        view, encoding = views.attention_view(loaded, text, layer, heads)
+        heads = looking.parse_heads(head, loaded.layout.n_heads)
+        view, encoding = looking.attention_view(loaded, text, layer, heads)
         if spans is not None:
-            view = views.to_words(view, text, encoding, spans)
+            view = looking.to_words(view, text, encoding, spans)
         total = len(view.labels)
         if start >= total:
             raise InputError(f"--start {start} is past the end: the text has {total} {view.unit}s")
@@ -1293,7 +1295,7 @@ def show(
             },
         )
         if png is not None:
-            with report.atomic_path(png, "--png", force) as tmp:
+            with files.atomic_path(png, "--png", force) as tmp:
                 for warning in views.save_png(shown, tmp):
                     err.print(f"warning: {warning}", soft_wrap=True)
             err.print(f"wrote {png}", soft_wrap=True)
@@ -1372,7 +1374,7 @@ def compare_cmd(
             json_data,
         )
         if csv is not None:
-            path = report.write_atomic(csv, report.table_csv(result.joined, JOINED_COLUMNS), "--csv", force)
+            path = files.write_atomic(csv, report.table_csv(result.joined, JOINED_COLUMNS), "--csv", force)
             err.print(f"wrote {len(result.joined)} rows to {path}", soft_wrap=True)
 
 

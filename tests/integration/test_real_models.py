@@ -98,7 +98,8 @@ def test_a_gguf_path_loads_like_the_alias():
 
 
 def test_smollm2_top5_induction_ablation_beats_random_control(smollm2):
-    from headscope.analyses.ablation import ablate, top_heads
+    from headscope.analyses.ablation import ablate
+    from headscope.verdicts.heads import top_heads
 
     spec = analyses.RepeatSpec(seq_len=50, n_seqs=8, seed=0)
     report = analyses.induction(smollm2, spec, n_resamples=0)

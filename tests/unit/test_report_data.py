@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from headscope import analyses
+from headscope.analyses.examples import MAX_EXAMPLE_TOKENS, attention_examples
 from headscope.errors import InputError
 from headscope.outputs import report
 from headscope.outputs import report_data as data
+from headscope.sweep.results import load_result
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def toy_report(toy):
 
 def test_report_data_has_every_head_and_table(toy_report):
     toy, result, saved = toy_report
-    built = data.build(saved, layout=data.layout_of(toy), examples=data.attention_examples(toy))
+    built = data.build(saved, layout=data.layout_of(toy), examples=attention_examples(toy))
     assert built["schema"] == data.SCHEMA
     assert built["model"]["layers"] == 2 and built["model"]["heads"] == 4 and built["model"]["kv_heads"] == 2
     assert len(built["heads"]) == 8
@@ -40,12 +42,12 @@ def test_report_data_has_every_head_and_table(toy_report):
 
 def test_heatmaps_are_one_byte_per_weight_and_causal(toy_report):
     toy, _, _ = toy_report
-    examples = data.attention_examples(toy)
+    examples = attention_examples(toy)
     assert [e["name"] for e in examples] == ["English prose", "repeated random tokens", "Chinese sentence"]
     assert len(examples[1]["tokens"]) == 41  # BOS + 20 random symbols, twice
     for example in examples:
         n = len(example["tokens"])
-        assert 1 <= n <= data.MAX_EXAMPLE_TOKENS
+        assert 1 <= n <= MAX_EXAMPLE_TOKENS
         assert len(example["maps"]) == 8
         grid = np.frombuffer(base64.b64decode(example["maps"]["1,0"]), dtype=np.uint8).reshape(n, n)
         assert (np.triu(grid, 1) == 0).all()  # causal: no query sees a later key
@@ -73,4 +75,4 @@ def test_saved_results_that_are_not_headscopes_are_refused(tmp_path, content, me
     path = tmp_path / "result.json"
     path.write_text(content)
     with pytest.raises(InputError, match=message):
-        data.load_result(path)
+        load_result(path)

@@ -7,9 +7,10 @@ import math
 import pandas as pd
 import pytest
 
+from headscope.analyses.show import parse_heads, split_marked, word_spans
 from headscope.errors import InputError
 from headscope.outputs.compare import CompareInputError, compare, read_scan_csv
-from headscope.outputs.views import font_for, parse_heads, split_marked, word_spans
+from headscope.outputs.views import font_for
 
 
 def words(text: str) -> list[str]:

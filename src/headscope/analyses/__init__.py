@@ -8,8 +8,6 @@ from headscope.analyses.ablation import (
     Verification,
     ablate,
     later_copy_loss,
-    random_control,
-    top_heads,
     verify,
 )
 from headscope.analyses.base import (
@@ -28,6 +26,7 @@ from headscope.analyses.coref import coref
 from headscope.analyses.induction import CopyLossMeter, induction
 from headscope.analyses.scan import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS, scan
 from headscope.analyses.syntax import check_relations, syntax
+from headscope.verdicts.heads import random_control, top_heads
 
 __all__ = [
     "AblationResult",

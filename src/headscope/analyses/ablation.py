@@ -26,10 +26,9 @@ from headscope import capture
 from headscope.analyses.base import ProgressFactory, RepeatSpec, model_batches, repeated_tokens
 from headscope.analyses.induction import CopyLossMeter
 from headscope.errors import InputError
-from headscope.models import HeadLayout, LoadedModel
+from headscope.models import LoadedModel
+from headscope.verdicts.heads import Head, random_control
 from headscope.verdicts.stats import bootstrap_ratio_ci
-
-Head = tuple[int, int]
 
 
 @dataclass
@@ -73,30 +72,6 @@ class AblationResult:
             "topk_heads": [list(h) for h in self.topk_heads],
             "random_heads": [[list(h) for h in draw] for draw in self.random_heads],
         }
-
-
-def random_control(top: Sequence[Head], layout: HeadLayout, rng: random.Random) -> list[Head]:
-    """As many random heads as ``top``, each from the layer of a top head, never a top head itself.
-
-    When a layer has no other head left, the draw falls back to any non-top head of the model.
-    """
-    excluded = set(top)
-    chosen: list[Head] = []
-    for layer, _ in top:
-        options = [(layer, h) for h in range(layout.n_heads) if (layer, h) not in excluded]
-        if not options:
-            options = [
-                (lay, h)
-                for lay in range(layout.n_layers)
-                for h in range(layout.n_heads)
-                if (lay, h) not in excluded
-            ]
-        if not options:
-            raise InputError("no heads are left to draw a random control from; lower --ablate")
-        pick = rng.choice(options)
-        chosen.append(pick)
-        excluded.add(pick)
-    return sorted(chosen)
 
 
 def _estimate(sums: torch.Tensor, tokens: torch.Tensor, n_resamples: int, seed: int) -> LossEstimate:
@@ -171,15 +146,6 @@ def ablate(
         [tuple(h) for h in top_heads],  # type: ignore[misc]
         random_heads,
     )
-
-
-def top_heads(table: Any, detector: str, k: int, data: str | None = None) -> list[Head]:
-    """The k best heads of one detector in a results table."""
-    rows = table[table.detector == detector]
-    if data is not None:
-        rows = rows[rows.data == data]
-    rows = rows.sort_values("score", ascending=False).head(k)
-    return [(int(r.layer), int(r.head)) for r in rows.itertuples()]
 
 
 # --- scan --verify --------------------------------------------------------------------------------

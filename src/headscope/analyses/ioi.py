@@ -38,6 +38,7 @@ from headscope.detectors.base import DetectorResult
 from headscope.detectors.circuits import IOIAttentionDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
+from headscope.verdicts.heads import random_control
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import RoleRule, assign_roles
 from headscope.verdicts.stats import bootstrap_ratio_ci, check_resamples
@@ -427,8 +428,6 @@ def verify_ioi(
     seed: int = 0,
 ) -> IOIVerification | None:
     """Ablate the name movers against random same-layer heads; the mean logit difference of each run."""
-    from headscope.analyses.ablation import random_control
-
     heads = _name_movers(report.table, data, "nm")
     if not heads:
         return None

@@ -30,6 +30,7 @@ from headscope.data.prompts import display_path
 from headscope.detectors.circuits import RetrievalDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
+from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
 from headscope.verdicts.stats import check_resamples
 
@@ -401,8 +402,6 @@ def ablate_retrieval(
     data: str = "",
 ) -> RetrievalAblation:
     """Needle accuracy and answer loss with the top heads ablated, and with random same-layer heads."""
-    from headscope.analyses.ablation import random_control
-
     if mode not in {"zero", "mean"}:
         raise InputError(f"--ablation must be zero or mean, got {mode!r}")
     rng = random.Random(seed)

@@ -22,6 +22,7 @@ from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError
 from headscope.models import LoadedModel
+from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
 from headscope.verdicts.stats import check_resamples
 from headscope.weights.ov import (
@@ -34,6 +35,7 @@ from headscope.weights.ov import (
     rank_tests,
     successor_hits,
 )
+from headscope.weights.summaries import SUMMARIES
 from headscope.weights.tasks import ResolvedTask, continuation_prompts, resolve_tasks
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
@@ -41,13 +43,6 @@ from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 DEFAULT_TASK_SETS = ("ordinal/en.yaml", "ordinal/zh.yaml")
 DEFAULT_EMBEDDING: Embedding = "mlp0"
 VOCAB_DATA = "vocab"
-
-SUMMARIES = {
-    "copying": "the head's OV circuit ranks the token it reads among its top-k logits",
-    "suppression": "the head's OV circuit ranks the token it reads among its bottom-k logits",
-    "eigenvalue": "Σ Re λ / Σ |λ| of the OV circuit on the sampled tokens (+1 copies, −1 suppresses)",
-    "successor": "the head's OV circuit maps an ordinal to the next one (Monday → Tuesday, 一 → 二)",
-}
 
 
 @dataclass
@@ -365,8 +360,6 @@ def verify_successor(
 ) -> SuccessorAblation | None:
     """Ablate the ``k`` best successor heads of ``data``, and random same-layer heads; measure the
     next-member accuracy and loss on continuation prompts ("Monday, Tuesday, Wednesday," → " Thursday")."""
-    from headscope.analyses.ablation import random_control
-
     if mode not in {"zero", "mean"}:
         raise InputError(f"--ablation must be zero or mean, got {mode!r}")
     outcome = report.outcomes.get(VOCAB_DATA)

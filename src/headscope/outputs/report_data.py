@@ -1,29 +1,23 @@
 """The data an HTML report embeds: the verdict of a scan (or any analysis) as one JSON document.
 
 Built from a live :class:`~headscope.analyses.Report` (``scan --html``) or from a saved result
-(``scan --format json`` output, ``headscope report``). Attention heatmaps of three small examples
-(English prose, repeated random tokens, a Chinese sentence) are computed when the report is built,
-from the model itself, and stored as one byte per weight.
+(``scan --format json`` output or a sweep store, read by :mod:`headscope.sweep.results`). The
+attention heatmaps of three small examples (English prose, repeated random tokens, a Chinese
+sentence) are computed by :mod:`headscope.analyses.examples` when the report is built, and embedded
+here as they come, one byte per weight.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from headscope import __version__
-from headscope.errors import InputError
 
 SCHEMA = "headscope-report/1"
-MAX_EXAMPLE_TOKENS = 64
-RESULT_KEYS = {"headscope", "command", "model", "sections", "rows"}
 SHARE_RULES = {("ioi", "dla"), ("ioi", "s-inhibition")}
 
 
@@ -35,79 +29,6 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(number) or math.isinf(number) else number
-
-
-def load_result(path: str | Path, run: str | None = None) -> dict[str, Any]:
-    """A saved headscope result (``--format json``), or one run of a sweep store (``run``: its key or
-    model label; default the last finished run), checked: exit 2 with one line when it is not one."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise InputError(f"{path}: no such file", hint="give the output of headscope scan --format json")
-    if path.is_dir():
-        if (path / "manifest.json").is_file():
-            return load_sweep_run(path, run)
-        raise InputError(
-            f"{path}: is a folder without a sweep manifest",
-            hint="give the output of headscope scan --format json, or a headscope sweep store",
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text; not a headscope result") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); truncated?",
-            hint="give the complete output of headscope scan --format json",
-        ) from None
-    if not isinstance(data, dict) or not set(data) >= RESULT_KEYS:
-        missing = sorted(RESULT_KEYS - set(data)) if isinstance(data, dict) else sorted(RESULT_KEYS)
-        raise InputError(
-            f"{path}: not a headscope result (missing {', '.join(missing)})",
-            hint="give the output of headscope scan --format json",
-        )
-    if not isinstance(data["rows"], list) or not data["rows"]:
-        raise InputError(f"{path}: the result holds no head rows")
-    return data
-
-
-def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
-    """One finished run of a ``headscope sweep`` store as a result dictionary."""
-    from headscope.sweep.store import Store
-
-    store = Store(folder)
-    try:
-        store.runs = dict(json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("runs", {}))
-    except (OSError, ValueError, AttributeError):
-        raise InputError(f"{folder / 'manifest.json'}: not a readable sweep manifest") from None
-    done = {key: entry for key, entry in store.runs.items() if entry.get("status") == "done"}
-    if not done:
-        raise InputError(f"{folder}: the sweep store holds no finished run")
-    if run is None:
-        key = max(done, key=lambda k: (done[k].get("step") is not None, done[k].get("step") or 0, k))
-    else:
-        matches = [
-            k for k, e in done.items() if run in (k, e.get("label"), f"{e.get('label')}:{e.get('analysis')}")
-        ]
-        if not matches:
-            raise InputError(f"--run {run}: no finished run of {folder} has that key or label")
-        key = matches[0]
-    entry = done[key]
-    if store.is_done(key, entry.get("options"), entry.get("fingerprint"))[0] is False:
-        raise InputError(
-            f"{folder}: run {key}'s result file does not match its checksum", hint="rerun the sweep"
-        )
-    payload = store.load(key)
-    return {
-        "headscope": entry.get("headscope", __version__),
-        "command": str(entry.get("analysis", "sweep")),
-        "model": entry.get("label", key),
-        "spec": entry.get("spec"),
-        "sections": [],
-        "rows": payload["rows"],
-        "notes": [f"sweep store {folder}, run {key}", *payload.get("notes", [])],
-        "copy_loss": None,
-        "layout": {"layers": payload.get("layers"), "heads": payload.get("heads")},
-    }
 
 
 def _tables(rows: pd.DataFrame, sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -322,64 +243,6 @@ def _strongest(rows: pd.DataFrame) -> list[dict[str, Any]]:
         ["layer", "head"]
     )
     return held.to_dict(orient="records")
-
-
-# --- attention heatmaps of three small examples ------------------------------------------------------
-
-
-def attention_examples(loaded: Any, seed: int = 0) -> list[dict[str, Any]]:
-    """Every head's map on English prose, repeated random tokens and a Chinese sentence."""
-    import torch
-
-    from headscope import capture
-    from headscope.data.align import encode_with_offsets
-    from headscope.data.prompts import builtin, load_texts
-    from headscope.outputs.views import token_label
-
-    texts = load_texts(builtin("report/examples.yaml"))
-    inputs: list[tuple[str, list[int], list[bool], list[str]]] = []
-    tokenizer = loaded.tokenizer
-    limit = min(MAX_EXAMPLE_TOKENS, loaded.max_positions or MAX_EXAMPLE_TOKENS)
-    for item in texts.items:
-        ids, special, offsets = encode_with_offsets(tokenizer, item.text)
-        ids, special, offsets = ids[:limit], special[:limit], offsets[:limit]
-        pieces = tokenizer.convert_ids_to_tokens(ids)
-        labels = [token_label(item.text, o, t, s) for o, t, s in zip(offsets, pieces, special, strict=True)]
-        inputs.append(("English prose" if item.id == "english" else "Chinese sentence", ids, special, labels))
-    from headscope.analyses import RepeatSpec, repeated_tokens
-
-    half = max(2, (limit - 2) // 2)
-    sequences, specials, _ = repeated_tokens(
-        loaded, RepeatSpec(seq_len=min(20, half), repeats=2, n_seqs=1, seed=seed)
-    )
-    labels = [
-        ("⟨s⟩" if s else tokenizer.convert_ids_to_tokens([i])[0])
-        for i, s in zip(sequences[0], specials[0], strict=True)
-    ]
-    inputs.insert(1, ("repeated random tokens", sequences[0], specials[0], labels))
-
-    layout = loaded.layout
-    out = []
-    for name, ids, special, labels in inputs:
-        length = len(ids)
-        maps = torch.zeros(layout.n_layers, layout.n_heads, length, length)
-
-        def on_layer(
-            layer: int, attn: torch.Tensor, _batch: Any, q_start: int, maps: torch.Tensor = maps
-        ) -> None:
-            rows = attn.shape[2]
-            maps[layer, :, q_start : q_start + rows, : attn.shape[3]] = attn[0].float().cpu()
-
-        batch = capture.make_batches([ids], [special], batch_size=1, pad_id=0, is_causal=loaded.is_causal)[0]
-        capture.run(loaded, [batch], on_layer)
-        quantised = np.clip(np.rint(maps.numpy() * 255.0), 0, 255).astype(np.uint8)
-        encoded = {
-            f"{layer},{head}": base64.b64encode(quantised[layer, head].tobytes()).decode("ascii")
-            for layer in range(layout.n_layers)
-            for head in range(layout.n_heads)
-        }
-        out.append({"name": name, "tokens": labels, "maps": encoded})
-    return out
 
 
 def layout_of(loaded: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from headscope import files
 from headscope.errors import InputError
 
 from .executors import ANALYSES, run_local, run_ray
@@ -131,10 +132,8 @@ def sweep(
         from .summary import collect
 
         result.table, result.losses = collect(store, targets, chosen)
-        from headscope.outputs.report import write_atomic
-
         if result.table is not None:
-            write_atomic(
+            files.write_atomic(
                 folder / "sweep.csv",
                 result.table.to_csv(index=False, float_format="%.6g", lineterminator="\n"),
                 "--out",
