@@ -86,6 +86,17 @@ def repeat_kv_order(n_heads: int, n_kv_heads: int) -> list[int]:
     return repeat_kv(kv, n_heads // n_kv_heads)[0, :, 0, 0].long().tolist()
 
 
+def word_tokenizer(size: int):
+    """A word-level tokenizer over ``w0 … w{size-1}`` (w0 doubles as unknown), for tiny random
+    models built in a test: ``hs.load(model, tokenizer)`` wants the model's tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=raw)
+
+
 @pytest.fixture(scope="session")
 def toy_truth() -> dict:
     return json.loads((TOY_DIR / "ground_truth.json").read_text())

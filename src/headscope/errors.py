@@ -41,3 +41,9 @@ class RunFailure(HeadscopeError):
     """Something went wrong while running the model."""
 
     exit_code = 1
+
+
+class NotApplicable(HeadscopeError):
+    """The analysis has nothing to score on this model; the CLI says so on stdout and exits 0."""
+
+    exit_code = 0

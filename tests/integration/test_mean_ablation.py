@@ -3,14 +3,12 @@ it leaves a head whose output never varies exactly as it was. On the shipped toy
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
+import headscope as hs
 from headscope import analyses, capture
 from headscope.analyses.ablation import ablate, later_copy_loss
-from headscope.models.load import _choose_capture
 
 SPEC = analyses.RepeatSpec(seq_len=16, n_seqs=10, seed=3)
 INDUCTION_HEADS = [(1, 0), (1, 1), (1, 2), (1, 3)]  # every layer-1 head of the toy induces
@@ -48,8 +46,7 @@ def _toy_with_constant_head(toy):
         head_dim = cfg.head_dim
         v_proj.weight[:head_dim] = 0.0
         v_proj.bias[:head_dim] = torch.randn(head_dim)
-    mode = _choose_capture(model, "stream")
-    return dataclasses.replace(toy, model=model, capture_mode=mode)
+    return hs.load(model, toy.tokenizer, capture="stream", name=toy.name)
 
 
 def test_mean_ablation_of_a_constant_head_changes_nothing(toy):

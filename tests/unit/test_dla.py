@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import word_tokenizer
 
+import headscope as hs
 from headscope import capture
 from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
 from headscope.capture.patching import record_block_inputs, rerun_block
-from headscope.models import HeadLayout, LoadedModel
-from headscope.models.load import _choose_capture
+from headscope.models import LoadedModel
 
 
 def _loaded(model, config) -> LoadedModel:
-    mode = _choose_capture(model, "stream")
-    assert mode == "stream"
-    return LoadedModel("tiny", model, None, HeadLayout.from_config(config), True, mode, "test")
+    loaded = hs.load(model, word_tokenizer(config.vocab_size), capture="stream", name="tiny")
+    assert loaded.capture_mode == "stream"
+    return loaded
 
 
 def tiny_llama() -> LoadedModel:

@@ -23,12 +23,10 @@ LAYERS: list[tuple[int, list[str]]] = [
     # The leaf: the package root (only for __version__), errors, and file writing (which raises
     # errors' OutputError). One group, so files may import errors.
     (0, ["leaf"]),
-    # capture sits BELOW models (the issue's order has models/data -> capture): models.load picks
-    # the capture mode and installs capture's streaming attention function at load time
-    # (models/load.py: _choose_capture imports capture.register_streaming_attention), while capture
-    # takes its model duck-typed and imports nothing from models or data.
-    (1, ["capture"]),
-    (2, ["models", "data"]),
+    (1, ["models", "data"]),
+    # capture takes its model duck-typed; models decide the capture mode without importing it
+    # (capture.prepared switches the attention implementation when an analysis runs).
+    (2, ["capture"]),
     (3, ["detectors", "weights"]),
     (4, ["verdicts"]),
     (5, ["analyses"]),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import word_tokenizer
 
+import headscope as hs
 from headscope import capture
 from headscope.detectors import create
 from headscope.errors import RunFailure
-from headscope.models import HeadLayout, LoadedModel
-from headscope.models.load import _choose_capture
+from headscope.models import LoadedModel
 
 WINDOW = 4
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention"]
@@ -38,10 +39,7 @@ def tiny_gemma(capture_mode: str) -> LoadedModel:
     )
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(config).eval()
-    mode = _choose_capture(model, capture_mode) if capture_mode == "stream" else "eager"
-    if mode == "eager":
-        model.set_attn_implementation("eager")
-    return LoadedModel("tiny-gemma3", model, None, HeadLayout.from_config(config), True, mode, "test")
+    return hs.load(model, word_tokenizer(config.vocab_size), capture=capture_mode, name="tiny-gemma3")
 
 
 def batches(n: int = 3, repeat: bool = False) -> list[capture.Batch]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import word_tokenizer
 
+import headscope as hs
 from headscope.analyses.weights import weights
 from headscope.data.ordinal import load_ordinal
-from headscope.models import HeadLayout, LoadedModel
+from headscope.models import LoadedModel
 from headscope.weights.ov import Candidates, Circuits, rank_tests
 
 V = 64
@@ -20,13 +22,7 @@ TASK = list(range(10, 20))  # token ids of the ordinal task w10 .. w19
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(V)}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=raw)
+    return word_tokenizer(V)
 
 
 def toy(n_kv: int = 2, n_heads: int = 4) -> LoadedModel:
@@ -49,7 +45,7 @@ def toy(n_kv: int = 2, n_heads: int = 4) -> LoadedModel:
     with torch.no_grad():
         model.get_input_embeddings().weight.copy_(torch.eye(V))
         model.get_output_embeddings().weight.copy_(torch.eye(V))
-    loaded = LoadedModel("toy", model, _tokenizer(), HeadLayout.from_config(config), True, "stream", "toy")
+    loaded = hs.load(model, _tokenizer(), name="toy")
     return loaded
 
 
@@ -231,7 +227,7 @@ def test_folded_circuit_matches_the_modules_themselves(arch):
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.uniform_(0.5, 1.5)
                 module.bias.normal_(0, 0.2)
-    loaded = LoadedModel("toy", model, _tokenizer(), HeadLayout.from_config(config), True, "stream", "toy")
+    loaded = hs.load(model, _tokenizer(), name="toy")
     circuits = Circuits(loaded)
     ids = torch.arange(1, 80)  # Gemma's id 0 is padding, embedded as zeros
     raw, effective = circuits.embeddings(ids, "raw")

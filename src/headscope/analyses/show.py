@@ -194,3 +194,29 @@ def to_words(
     words = word_attention(view.weights[None], to_word[None], from_word[None])[0]
     labels = [text[s:e] for s, e in spans]
     return AttentionView(view.layer, view.heads, words, labels, "word")
+
+
+def check_request(text: str, head: str, words: bool, word_sep: str | None) -> tuple[str, list | None]:
+    """``show``'s cheap checks, before a model loads. Returns the text (word marks removed) and its
+    word spans (None for token-level attention)."""
+    if word_sep is not None and not words:
+        raise InputError("--word-sep needs --words")
+    check_text(text)
+    parse_heads(head, None)  # the syntax now, the range once the model is known
+    if not words:
+        return text, None
+    if word_sep is not None:
+        return split_marked(text, word_sep)
+    return text, word_spans(text)
+
+
+def show_attention(
+    loaded: LoadedModel, text: str, layer: int, head: str, *, words: bool = False, word_sep: str | None = None
+) -> AttentionView:
+    """One layer's attention on ``text`` for the heads ``head`` names (a number, a list, or all)."""
+    text, spans = check_request(text, head, words, word_sep)
+    heads = parse_heads(head, loaded.layout.n_heads)
+    view, encoding = attention_view(loaded, text, layer, heads)
+    if spans is not None:
+        view = to_words(view, text, encoding, spans)
+    return view

@@ -25,7 +25,7 @@ from headscope.errors import RunFailure
 
 from .batch import Batch
 from .dla import HeadWrites, decoder_layers
-from .stream import LayerCallback, _sink
+from .stream import LayerCallback, _sink, prepared
 
 
 @dataclass
@@ -72,6 +72,7 @@ def record_block_inputs(
         if writes is not None:
             writes.begin(on_device)
         with (
+            prepared(loaded),
             torch.inference_mode(),
             _sink(_noop, on_device, writes=writes) as sink,
             writes.hooked() if writes is not None else contextlib.nullcontext(),
@@ -181,6 +182,6 @@ def rerun_block(
         hidden = hidden[index, at][:, None]
         args = _select(args, index, at, length)
         kwargs = _select(kwargs, index, at, length)
-    with torch.inference_mode(), _sink(on_layer, on_device) as sink:
+    with prepared(loaded), torch.inference_mode(), _sink(on_layer, on_device) as sink:
         sink.kv_override = {layer: kv}
         block(hidden, *args, **kwargs)

@@ -285,7 +285,7 @@ def run(
     module = loaded.base
     n_layers = loaded.layout.n_layers
     extra = {"use_cache": False} if loaded.is_causal else {}
-    with torch.inference_mode():
+    with prepared(loaded), torch.inference_mode():
         for batch in batches:
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
@@ -368,3 +368,49 @@ def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor
         out[:, start:stop] = torch.logsumexp(logits, dim=-1) - picked
         del logits
     return out
+
+
+# --- borrowing a caller's model for the length of an analysis --------------------------------------
+
+
+@contextlib.contextmanager
+def prepared(loaded: Any) -> Iterator[Any]:
+    """Switch a caller's model to headscope's attention implementation and eval mode; restore on exit.
+
+    A model headscope loaded itself (``loaded.owned``) is switched on first use and left so.
+    Nested uses (an analysis whose forward passes also ask) switch once. The caller's attention
+    implementation and every module's train/eval flag are restored in ``finally``, so an exception
+    or Ctrl-C in the middle of a run leaves the model as it was; the weights are never written.
+    """
+    model = loaded.model
+    wanted = STREAM_IMPLEMENTATION if loaded.capture_mode == "stream" else "eager"
+    if loaded.owned or loaded.active:
+        # headscope's own model is switched on first use and stays so; a nested use is already set.
+        if loaded.owned and getattr(model.config, "_attn_implementation", None) != wanted:
+            if wanted == STREAM_IMPLEMENTATION:
+                register_streaming_attention()
+            model.set_attn_implementation(wanted)
+        loaded.active += 1
+        try:
+            yield loaded
+        finally:
+            loaded.active -= 1
+        return
+    before = getattr(model.config, "_attn_implementation", None)
+    modes = [(module, module.training) for module in model.modules()]
+    loaded.active += 1
+    switched = False
+    try:
+        if wanted == STREAM_IMPLEMENTATION:
+            register_streaming_attention()
+        if before != wanted:
+            model.set_attn_implementation(wanted)
+            switched = True
+        model.eval()
+        yield loaded
+    finally:
+        loaded.active -= 1
+        if switched:
+            model.set_attn_implementation(before if before is not None else "eager")
+        for module, training in modes:
+            module.training = training

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from headscope.errors import ModelLoadError
@@ -72,6 +72,10 @@ class LoadedModel:
     is_causal: bool
     capture_mode: Literal["stream", "eager"]
     source: str
+    # False for a model the caller loaded: headscope switches its attention implementation and
+    # eval mode only while an analysis runs (capture.prepared), and restores them after.
+    owned: bool = True
+    active: int = field(default=0, repr=False, compare=False)  # nesting depth of capture.prepared
 
     @property
     def base(self) -> Any:

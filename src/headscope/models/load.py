@@ -128,29 +128,36 @@ def load(
         model.to(device_name)
     causal = is_causal_config(model.config)
     layout = HeadLayout.from_config(model.config, tokenizer)
-    mode = _choose_capture(model, capture)
+    mode = decide_capture(model, capture)
     name = resolved.alias or (resolved.gguf_file or Path(resolved.location).name)
     return LoadedModel(name, model, tokenizer, layout, causal, mode, source)
 
 
-def _choose_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
-    from headscope.capture import STREAM_IMPLEMENTATION, register_streaming_attention
+def can_stream(model: Any) -> bool:
+    """Whether the model routes attention through transformers' AttentionInterface."""
+    return bool(getattr(model, "_can_set_attn_implementation", lambda: False)())
 
+
+def decide_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
+    """The capture mode for ``model``: streaming where the architecture allows it, else eager.
+
+    Nothing is switched here: :func:`headscope.capture.prepared` installs the streaming attention
+    function when an analysis runs (and, for a caller's model, restores its own afterwards).
+    """
+    if capture not in ("auto", "stream", "eager"):
+        raise InputError(f"--capture must be auto, stream or eager, got {capture!r}")
     if capture == "eager":
         return "eager"
-    can_stream = getattr(model, "_can_set_attn_implementation", lambda: False)()
-    if not can_stream:
-        if capture == "stream":
-            raise ModelLoadError(
-                f"{type(model).__name__} does not route attention through transformers' AttentionInterface",
-                hint="use --capture eager",
-            )
-        log.warning(
-            "%s does not route attention through AttentionInterface; falling back to eager "
-            "output_attentions (all layers' maps are kept until the end of each batch)",
-            type(model).__name__,
+    if can_stream(model):
+        return "stream"
+    if capture == "stream":
+        raise ModelLoadError(
+            f"{type(model).__name__} does not route attention through transformers' AttentionInterface",
+            hint="use --capture eager",
         )
-        return "eager"
-    register_streaming_attention()
-    model.set_attn_implementation(STREAM_IMPLEMENTATION)
-    return "stream"
+    log.warning(
+        "%s does not route attention through AttentionInterface; falling back to eager "
+        "output_attentions (all layers' maps are kept until the end of each batch)",
+        type(model).__name__,
+    )
+    return "eager"

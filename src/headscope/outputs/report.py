@@ -800,3 +800,46 @@ def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
                 cells.append(str(value))
         table.add_row(*cells)
     return table
+
+
+# --- a whole result, with its causal checks ------------------------------------------------------------
+
+# One printer per kind of check (analyses.catalog.Check.kind); "table" checks print as one table.
+CHECK_PRINTERS: dict[str, Callable[[Any, Console], None]] = {
+    "induction": print_ablation,
+    "retrieval": print_retrieval_ablation,
+    "successor": print_successor_ablation,
+    "ioi": print_ioi_verification,
+}
+
+
+def print_checks(checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool) -> None:
+    """The causal checks: every table check in one table, then each other check by its kind's printer."""
+    tables = [c.value for c in checks if c.kind == "table"]
+    if tables or verified:
+        k = k or max((len(t.heads) for t in tables), default=0)
+        print_verification(tables, console, k, "zero")
+        console.print()
+    for check in checks:
+        if check.kind != "table":
+            CHECK_PRINTERS[check.kind](check.value, console)
+            if spaced:
+                console.print()
+
+
+def print_result(result: Any, console: Console, top: int) -> None:
+    """A ``headscope.Result`` for people: its tables, its checks, and (scan) the role map."""
+    from headscope.analyses.protocol import get
+
+    analysis = get(result.analysis)
+    state = result.state
+    print_report(result.report, console, top)
+    print_checks(
+        result.checks,
+        console,
+        verified=bool(state.get("verified")),
+        k=state.get("k"),
+        spaced=analysis.spaced_checks,
+    )
+    if analysis.json_roles:
+        print_role_map(result.report, console, state["rule"].describe())

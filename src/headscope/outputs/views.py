@@ -17,6 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from headscope.analyses.show import AttentionView
+from headscope.capture import STREAM_IMPLEMENTATION
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.models.layout import layer_attention
@@ -55,7 +56,12 @@ def model_info(loaded: LoadedModel) -> dict[str, Any]:
         "d_model": layout.d_model,
         "context": layout.max_positions,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "attn_implementation": getattr(config, "_attn_implementation", None),
+        # What the analyses run: capture.prepared switches to it (and back, for a caller's model).
+        "attn_implementation": (
+            STREAM_IMPLEMENTATION
+            if loaded.capture_mode == "stream"
+            else getattr(config, "_attn_implementation", None)
+        ),
         "capture": loaded.capture_mode,
         "vocab_size": getattr(config, "vocab_size", None),
         "layer_attention": layer_attention(config, layout.n_layers),

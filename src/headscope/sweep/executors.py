@@ -21,6 +21,7 @@ from headscope.errors import HeadscopeError, InputError
 Task = dict[str, Any]
 Outcome = dict[str, Any]  # {"ok": bool, "payload" | "error", "seconds"}
 
+# The analyses a sweep runs: those whose result is one tidy table per model (no long prompts).
 ANALYSES = ("induction", "scan", "weights", "syntax", "coref")
 
 
@@ -43,42 +44,22 @@ def run_task(task: Task) -> Outcome:
 
 
 def _analyse(task: Task) -> dict[str, Any]:
-    from headscope import analyses
-    from headscope.data.prompts import builtin
+    """One run: the analysis from the registry, with the options it declares (the sweep's others are
+    for the other analyses)."""
+    import dataclasses
+
+    from headscope.analyses.protocol import get
+    from headscope.capture import prepared
     from headscope.models import load
     from headscope.verdicts.results import CSV_COLUMNS
 
-    options = task["options"]
+    analysis = get(task["analysis"])
+    declared = {f.name for f in dataclasses.fields(analysis.options)}
+    options = analysis.make_options({k: v for k, v in task["options"].items() if k in declared})
+    prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
-    resamples = int(options.get("resamples", 1000))
-    seed = int(options.get("seed", 0))
-    analysis = task["analysis"]
-    if analysis == "induction":
-        spec = analyses.RepeatSpec(
-            seq_len=int(options.get("seq_len", 50)),
-            repeats=int(options.get("repeat_seq", 2)),
-            n_seqs=int(options.get("n_seqs", 16)),
-            seed=seed,
-        )
-        report = analyses.induction(loaded, spec, n_resamples=resamples)
-    elif analysis == "scan":
-        report = analyses.scan(loaded, n_resamples=resamples, seed=seed)
-    elif analysis == "weights":
-        from headscope.analyses.weights import weights
-
-        report = weights(
-            loaded,
-            tokens=int(options.get("tokens", 2000)),
-            k=int(options.get("k", 5)),
-            n_resamples=resamples,
-            seed=seed,
-        )
-    elif analysis == "syntax":
-        report = analyses.syntax(loaded, builtin("syntax/en.conllu"), n_resamples=resamples, seed=seed)
-    elif analysis == "coref":
-        report = analyses.coref(loaded, builtin("coref/en.yaml"), n_resamples=resamples, seed=seed)
-    else:
-        raise InputError(f"unknown analysis {analysis!r}", hint=f"choose from {', '.join(ANALYSES)}")
+    with prepared(loaded):
+        report = analysis.run(loaded, options, prepared_input, None).report
     table = report.table[CSV_COLUMNS]
     rows = [
         {key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}

@@ -178,7 +178,7 @@ class Circuits:
     def _after_block0(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The residual after block 0 for each token alone in its sequence (it attends to itself)."""
         from headscope.capture.patching import _noop
-        from headscope.capture.stream import _sink
+        from headscope.capture.stream import _sink, prepared
 
         loaded = self.loaded
         rows = [[int(i)] for i in ids.tolist()]
@@ -201,7 +201,12 @@ class Circuits:
             for batch in batches:
                 on_device = batch.to(loaded.device)
                 inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
-                with torch.inference_mode(), _sink(_noop, on_device), contextlib.suppress(_Stop):
+                with (
+                    prepared(loaded),
+                    torch.inference_mode(),
+                    _sink(_noop, on_device),
+                    contextlib.suppress(_Stop),
+                ):
                     loaded.base(**inputs, **extra)
                 if "hidden" not in caught:
                     raise RunFailure("block 0 never ran; cannot read the effective embeddings")

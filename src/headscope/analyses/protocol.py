@@ -1,0 +1,197 @@
+"""One protocol for every analysis, and the options each declares once.
+
+An analysis is a small class with:
+
+* ``options``: a dataclass of its options. Each field's default is the CLI's default and its
+  metadata carries the one help text (and the flag name), so the Python API, the CLI and the
+  sweep read the same declaration;
+* ``check(options) -> Prepared``: every bad input is refused here, before a model loads. Data
+  files are read and validated here, and handed to ``run``;
+* ``run(loaded, options, prepared, progress) -> Outcome``: the report and what the verification
+  needs;
+* ``verify(loaded, outcome, options, progress) -> list``: the causal checks (ablations); each
+  check has a ``kind``, a ``to_json()``, and a printer in ``outputs``;
+* ``json(outcome)``: what it adds to the result JSON beyond the tidy rows.
+
+The registry (:data:`ANALYSES`) serves the API (``hs.scan``, …), the CLI and the sweep executors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from headscope.errors import InputError
+from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
+
+from .base import ProgressFactory, RepeatSpec, Report
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    choices: Sequence[str] | None = None,
+    cli_type: Any = None,
+    check: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A dataclass field that carries its CLI declaration: flag, help text, range, choices.
+
+    ``check(value)`` raises a HeadscopeError for a bad value; the CLI runs it while parsing."""
+    meta = {
+        "help": help,
+        "flag": flag,
+        "min": min,
+        "max": max,
+        "choices": choices,
+        "cli_type": cli_type,
+        "check": check,
+    }
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+# Help texts written once (they drifted when every command wrote its own).
+HELP_RESAMPLES = f"Bootstrap resamples for the 95% intervals: at least {MIN_RESAMPLES}, or 0 for no intervals and no roles."
+HELP_SEED = "Seed for random tokens and bootstrap resampling."
+HELP_BATCH = "Sequences per forward pass."
+HELP_DRAWS = "Random-control draws for the ablation."
+HELP_ABLATION = (
+    "Replace ablated head outputs by zeros, or by their per-position mean over the whole set "
+    "(one extra calibration pass)."
+)
+HELP_SKIP_BAD = "Skip malformed sentences/examples (and count them) instead of stopping."
+
+
+@dataclass(kw_only=True)
+class Stats:
+    resamples: int = option(1000, HELP_RESAMPLES, check=check_resamples)
+    seed: int = option(0, HELP_SEED)
+
+
+@dataclass(kw_only=True)
+class Repeat:
+    seq_len: int = option(50, "Random tokens per copy.", min=1)
+    repeat_seq: int = option(2, "Copies of each random sequence.", min=2)
+    n_seqs: int = option(16, "Number of random sequences.", flag="--batch", min=1)
+
+    def repeat_spec(self, seed: int, bos: bool | None = None) -> RepeatSpec:
+        return RepeatSpec(
+            seq_len=self.seq_len, repeats=self.repeat_seq, n_seqs=self.n_seqs, seed=seed, bos=bos
+        )
+
+
+@dataclass
+class Outcome:
+    """What ``run`` returns: the report, and whatever the verification and the JSON need."""
+
+    report: Report
+    state: dict[str, Any] = field(default_factory=dict)
+    checks: list[Any] = field(default_factory=list)
+    extra_json: dict[str, Any] = field(default_factory=dict)
+
+
+class Analysis:
+    """The protocol. Subclasses set ``name``, ``options`` and override the steps."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    options: ClassVar[type]
+    # Load options the command takes: capture is fixed to auto where DLA or hooks need streaming.
+    takes_capture: ClassVar[bool] = True
+    # The result JSON carries the role table (one row per head), as scan's does.
+    json_roles: ClassVar[bool] = False
+    # Rendering: a blank line after each check (several checks in a row), the role map (scan).
+    spaced_checks: ClassVar[bool] = False
+
+    def make_options(self, values: dict[str, Any]) -> Any:
+        """Options from keyword arguments; an unknown name is an error that lists the known ones."""
+        known = {f.name for f in dataclasses.fields(self.options)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(
+                f"{self.name}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+                hint=f"known: {', '.join(sorted(known))}",
+            )
+        return self.options(**values)
+
+    def check(self, options: Any) -> Any:
+        check_common(options)
+        return None
+
+    def run(self, loaded: Any, options: Any, prepared: Any, progress: ProgressFactory | None) -> Outcome:
+        raise NotImplementedError
+
+    def wants_verify(self, options: Any) -> bool:
+        """Whether the options ask for the causal check (--verify, --ablate K)."""
+        return bool(getattr(options, "verify", False))
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        """What the result JSON adds beyond the tidy rows (None values are left out)."""
+        return {}
+
+    def verify(
+        self,
+        loaded: Any,
+        outcome: Outcome,
+        options: Any,
+        progress: ProgressFactory | None,
+        k: int | None = None,
+    ) -> list[Any]:
+        """The causal checks of this analysis; none by default (the result says so in a note)."""
+        outcome.report.notes.append(f"{self.name}: no causal check is defined for this analysis")
+        return []
+
+
+def check_common(options: Any) -> None:
+    """Checks every analysis shares: resamples, batch size, draws, ablation mode."""
+    if hasattr(options, "resamples"):
+        check_resamples(options.resamples)
+    for name in ("batch_size", "draws", "verify_k"):
+        value = getattr(options, name, 1)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    mode = getattr(options, "ablation", "zero")
+    if mode not in ("zero", "mean"):
+        raise InputError(f"--ablation must be zero or mean, got {mode!r}")
+    for name in ("seq_len", "n_seqs"):
+        if getattr(options, name, 1) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+
+
+ANALYSES: dict[str, Analysis] = {}
+
+
+def register(cls: type[Analysis]) -> type[Analysis]:
+    """Class decorator: one line puts an analysis behind the API, the CLI and the sweep."""
+    ANALYSES[cls.name] = cls()
+    return cls
+
+
+def get(name: str) -> Analysis:
+    from . import catalog  # noqa: F401  (registers the analyses on first use)
+
+    if name not in ANALYSES:
+        raise InputError(f"unknown analysis {name!r}", hint=f"choose from {', '.join(ANALYSES)}")
+    return ANALYSES[name]
+
+
+def split_names(value: str | Sequence[str] | None) -> list[str] | None:
+    """'a,b' or ['a', 'b'] -> ['a', 'b']; None stays None."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [item.strip() for item in items if str(item).strip()]
+
+
+Progress = Callable[[str, int], Callable[[int], None]]

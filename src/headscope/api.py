@@ -1,0 +1,292 @@
+"""The public API: ``import headscope as hs``. The CLI, the sweep and the report use it too.
+
+    import headscope as hs
+    result = hs.scan(model, tokenizer)          # a model you loaded, or a spec: "smollm2-135m"
+    result.top("induction", 5)
+    result.verify(k=3)
+    result                                      # in Jupyter: the report, inline and offline
+
+Every analysis takes a model spec (alias, path, .gguf file, cached hub id), a ``LoadedModel``
+from :func:`load`, or a ``transformers`` model object with its tokenizer, and the CLI's options
+as keyword arguments with the same defaults. A model object is borrowed: its attention
+implementation and train/eval mode are switched only while an analysis runs, and restored after,
+also when the analysis fails. Its weights, device and dtype are never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from headscope.analyses import catalog  # noqa: F401  (registers the analyses)
+from headscope.analyses.protocol import ANALYSES, flag_of, get
+from headscope.errors import InputError
+from headscope.models import DEFAULT_MODEL, LoadedModel
+from headscope.result import AttentionMap, Result
+
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def load(
+    model: Any = DEFAULT_MODEL,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    name: str | None = None,
+) -> LoadedModel:
+    """A model ready for analyses.
+
+    ``model`` is a spec (a bundled alias such as ``"smollm2-135m"``, a local folder, a ``.gguf``
+    file, or a hub id already in the local cache; ``device`` default cpu, ``dtype`` default
+    float32), or a loaded ``transformers`` model, which needs its ``tokenizer`` and is used where
+    and as it is (``device``, ``dtype`` and ``device_map`` are for specs). ``capture`` is auto,
+    stream or eager.
+    """
+    if isinstance(model, LoadedModel):
+        if tokenizer is not None:
+            raise InputError("tokenizer= is for a model object; this model is already loaded with its own")
+        return model
+    if isinstance(model, str | os.PathLike):
+        if tokenizer is not None:
+            raise InputError(
+                "tokenizer= goes with a model object; a model spec loads its own tokenizer",
+                hint="drop tokenizer=, or pass the loaded model object",
+            )
+        from headscope.models import load as load_spec
+
+        return load_spec(
+            os.fspath(model),
+            device=device or "cpu",  # type: ignore[arg-type]
+            dtype=dtype or "float32",  # type: ignore[arg-type]
+            capture=capture,  # type: ignore[arg-type]
+            device_map=device_map,
+            revision=revision,
+        )
+    given = [
+        n for n, v in (("device", device), ("dtype", dtype), ("device_map", device_map)) if v is not None
+    ]
+    if given:
+        raise InputError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model spec; a model object is "
+            "analysed where and as it is",
+            hint="move or cast it yourself (model.to(...)) before hs.load",
+        )
+    from headscope.models.wrap import wrap
+
+    return wrap(model, tokenizer, capture=capture, name=name)  # type: ignore[arg-type]
+
+
+def plan(analysis: str, **options: Any) -> tuple[Any, Any]:
+    """Check an analysis' options and read its data files, before any model loads.
+
+    Returns ``(options, prepared)``; :func:`run` does this first, the CLI too."""
+    chosen = get(analysis)
+    values = chosen.make_options(options)
+    return values, chosen.check(values)
+
+
+def plan_options(analysis: str, options: Any) -> tuple[Any, Any]:
+    """As :func:`plan`, for an options dataclass already built (the CLI builds it while parsing)."""
+    return options, get(analysis).check(options)
+
+
+def run(
+    analysis: str,
+    model: Any = DEFAULT_MODEL,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    progress: bool | Progress | None = None,
+    planned: tuple[Any, Any] | None = None,
+    on_loaded: Callable[[LoadedModel], None] | None = None,
+    **options: Any,
+) -> Result:
+    """Run one analysis by name (``"scan"``, ``"induction"``, …); see ``hs.scan`` and friends."""
+    chosen = get(analysis)
+    values, prepared = planned if planned is not None else plan(analysis, **options)
+    loaded = load(
+        model,
+        tokenizer,
+        device=device,
+        dtype=dtype,
+        capture=capture,
+        device_map=device_map,
+        revision=revision,
+    )
+    if on_loaded is not None:
+        on_loaded(loaded)
+    from headscope.capture import prepared as borrowed
+
+    with _progress(progress) as advance, borrowed(loaded):
+        outcome = chosen.run(loaded, values, prepared, advance)
+        if chosen.wants_verify(values):
+            outcome.checks = list(chosen.verify(loaded, outcome, values, advance))
+    return Result(analysis, outcome=outcome, options=values, loaded=loaded)
+
+
+@contextlib.contextmanager
+def _progress(progress: bool | Progress | None) -> Iterator[Progress | None]:
+    """True: a Rich progress bar (terminal or Jupyter); a callable: the caller's own; None: silent."""
+    if progress is True:
+        from headscope.outputs.progress import progress_bars
+
+        with progress_bars() as factory:
+            yield factory
+    else:
+        yield progress or None
+
+
+def _analysis_function(name: str) -> Callable[..., Result]:
+    analysis = ANALYSES[name]
+
+    def function(model: Any = DEFAULT_MODEL, tokenizer: Any = None, **kwargs: Any) -> Result:
+        return run(name, model, tokenizer, **kwargs)
+
+    common = [
+        inspect.Parameter(
+            "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation=Any
+        ),
+        inspect.Parameter("tokenizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Any),
+    ]
+    load_params = [
+        ("device", None, "str | None"),
+        ("dtype", None, "str | None"),
+        ("capture", "auto", "str"),
+        ("device_map", None, "str | None"),
+        ("progress", None, "bool | Callable | None"),
+    ]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = common + [inspect.Parameter(n, keyword, default=d, annotation=a) for n, d, a in load_params]
+    lines = []
+    for field in dataclasses.fields(analysis.options):
+        default = field.default if field.default is not dataclasses.MISSING else None
+        params.append(inspect.Parameter(field.name, keyword, default=default, annotation=field.type))
+        lines.append(
+            f"    {field.name} = {default!r}  ({flag_of(field).split('/')[0]}): {field.metadata['help']}"
+        )
+    function.__signature__ = inspect.Signature(params, return_annotation="Result")  # type: ignore[attr-defined]
+    function.__name__ = function.__qualname__ = name
+    function.__module__ = "headscope"
+    function.__doc__ = (
+        f"{analysis.summary}\n\n"
+        f"The Python form of ``headscope {name}``: a model spec, a ``LoadedModel`` or a model object with its "
+        "tokenizer, then the command's options as keyword arguments, with its defaults.\n"
+        "device, dtype, capture, device_map: how a spec is loaded (see ``hs.load``); progress: True for "
+        "a progress bar.\n\nOptions:\n" + "\n".join(lines) + "\n\nReturns a :class:`headscope.Result`."
+    )
+    return function
+
+
+scan = _analysis_function("scan")
+induction = _analysis_function("induction")
+syntax = _analysis_function("syntax")
+coref = _analysis_function("coref")
+retrieval = _analysis_function("retrieval")
+ioi = _analysis_function("ioi")
+weights = _analysis_function("weights")
+
+
+def show(
+    model: Any = DEFAULT_MODEL,
+    tokenizer: Any = None,
+    *,
+    text: str,
+    layer: int = 0,
+    heads: int | list[int] | str = 0,
+    words: bool = False,
+    word_sep: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+) -> AttentionMap:
+    """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
+    ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all"."""
+    from headscope.analyses.show import check_request, show_attention
+    from headscope.capture import prepared as borrowed
+
+    head_text = ",".join(str(h) for h in heads) if isinstance(heads, list | tuple) else str(heads)
+    check_request(text, head_text, words, word_sep)
+    loaded = load(model, tokenizer, device=device, dtype=dtype, capture=capture)
+    with borrowed(loaded):
+        view = show_attention(loaded, text, layer, head_text, words=words, word_sep=word_sep)
+    return AttentionMap(view, loaded.name)
+
+
+def sweep(
+    specs: list[str] | str,
+    out: str | Path,
+    *,
+    analyses: str | list[str] = "induction",
+    executor: str = "local",
+    workers: int = 1,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    retries: int = 2,
+    force: bool = False,
+    on_result: Callable[[str, dict], None] | None = None,
+    **options: Any,
+) -> Any:
+    """Run analyses over many models or checkpoints into a resumable store (``headscope sweep``).
+
+    ``options`` are the analyses' own (``seq_len``, ``tokens``, ``resamples``, ``seed``, …); each
+    analysis takes those it declares. Returns the sweep's result: ``table`` (sweep.csv),
+    ``emergence()`` and ``across_models()``."""
+    from headscope.sweep.run import check_analyses
+    from headscope.sweep.run import sweep as run_sweep
+
+    names = [a.strip() for a in (analyses.split(",") if isinstance(analyses, str) else analyses)]
+    chosen = check_analyses(names)
+    for name in chosen:  # every option is checked before any worker starts
+        declared = {f.name for f in dataclasses.fields(get(name).options)}
+        plan(name, **{k: v for k, v in options.items() if k in declared})
+    known = {f.name for name in chosen for f in dataclasses.fields(get(name).options)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InputError(f"sweep: options {', '.join(unknown)} belong to none of {', '.join(chosen)}")
+    return run_sweep(
+        [specs] if isinstance(specs, str) else list(specs),
+        Path(out),
+        analyses=chosen,
+        options=options,
+        executor=executor,
+        workers=workers,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        retries=retries,
+        force=force,
+        on_result=on_result,
+    )
+
+
+__all__ = [
+    "AttentionMap",
+    "Result",
+    "coref",
+    "induction",
+    "ioi",
+    "load",
+    "plan",
+    "plan_options",
+    "retrieval",
+    "run",
+    "scan",
+    "show",
+    "sweep",
+    "syntax",
+    "weights",
+]

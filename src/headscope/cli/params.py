@@ -1,0 +1,118 @@
+"""Options declared once: dataclass fields become typer options, shared by every command that takes them.
+
+A command names its option groups as parameters annotated with a dataclass; :func:`command`
+replaces each such parameter by the group's fields (flag, help, range and choices come from the
+field's metadata, see :func:`headscope.analyses.protocol.option`) and hands the command one
+instance of the group. So ``--device`` or ``--resamples`` is written in one place with one help
+text, and the analyses' options are the same declaration the Python API reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+
+from headscope.analyses.protocol import flag_of
+from headscope.errors import HeadscopeError
+
+_ENUMS: dict[tuple[str, tuple[str, ...]], type[Enum]] = {}
+
+
+def _choice_enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
+    """typer shows and checks choices from an Enum; one per (option, choices)."""
+    key = (name, choices)
+    if key not in _ENUMS:
+        _ENUMS[key] = Enum(name.title().replace("_", ""), {c: c for c in choices}, type=str)  # type: ignore[misc]
+    return _ENUMS[key]
+
+
+def is_group(annotation: Any) -> bool:
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Parameter:
+    meta = field.metadata
+    annotation = meta.get("cli_type") or hints[field.name]
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    choices = meta.get("choices")
+    if choices:
+        enum = _choice_enum(field.name, tuple(choices))
+        annotation = enum
+        default = enum(default) if default is not None else None
+    flags = flag_of(field)
+    names = flags if isinstance(flags, tuple) else (flags,)
+    extra: dict[str, Any] = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
+    if meta.get("check") is not None:
+        extra["callback"] = _callback(meta["check"])
+    option = typer.Option(*names, help=meta.get("help"), **extra)
+    return inspect.Parameter(
+        field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
+    )
+
+
+def _callback(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A value check that raises HeadscopeError, as a typer callback (usage error, exit 2)."""
+
+    def callback(value: Any) -> Any:
+        try:
+            check(value)
+        except HeadscopeError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        return value
+
+    return callback
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def command(app: typer.Typer, name: str | None = None, **settings: Any) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as a command; its dataclass-annotated parameters become option groups."""
+
+    def decorate(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        signature = inspect.signature(fn)
+        own: list[inspect.Parameter] = []
+        groups: dict[str, type] = {}
+        fields_of: dict[str, list[str]] = {}
+        params: list[inspect.Parameter] = []  # in the function's order, each group expanded in place
+        seen: set[str] = set()
+        for param in signature.parameters.values():
+            annotation = hints.get(param.name, param.annotation)
+            if not is_group(annotation):
+                own.append(param.replace(annotation=annotation))
+                params.append(own[-1])
+                seen.add(param.name)
+                continue
+            groups[param.name] = annotation
+            group_hints = typing.get_type_hints(annotation, include_extras=True)
+            fields_of[param.name] = []
+            for field in dataclasses.fields(annotation):
+                fields_of[param.name].append(field.name)
+                if field.name not in seen:  # a field two groups share is declared once
+                    seen.add(field.name)
+                    params.append(_parameter(field, group_hints))
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            call = {p.name: kwargs[p.name] for p in own}
+            for group_name, group in groups.items():
+                call[group_name] = group(**{f: _plain(kwargs[f]) for f in fields_of[group_name]})
+            return fn(**call)
+
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        # typer reads the annotations too: resolved objects, not the strings of fn's module.
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must read the new signature, not fn's
+        app.command(name, **settings)(wrapper)
+        return fn
+
+    return decorate

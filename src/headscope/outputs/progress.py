@@ -1,0 +1,34 @@
+"""Progress bars on stderr (Rich), for the CLI and for ``progress=True`` in the Python API."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@contextlib.contextmanager
+def progress_bars(console: Console | None = None) -> Iterator[ProgressFactory]:
+    """``factory(label, total)`` adds a bar and returns ``advance(n)``; NO_COLOR turns bars off."""
+    console = console or Console(stderr=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=bool(os.environ.get("NO_COLOR")),
+    )
+
+    def factory(label: str, total: int) -> Callable[[int], None]:
+        task = bar.add_task(label, total=total)
+        return lambda n: bar.advance(task, n)
+
+    with bar:
+        yield factory

@@ -1,0 +1,414 @@
+"""``Result``: what every analysis of the Python API returns, and what the CLI renders.
+
+A result holds the tidy table (the CSV's columns), the role of every head, the verification
+outcomes, and, while the model is still at hand, enough to verify and to draw attention heatmaps.
+It writes itself as CSV, JSON (the same document as ``--format json``) and a self-contained HTML
+report, shows that report inline in Jupyter (no CDN, nothing fetched), and reads a saved JSON back.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from headscope.errors import InputError, RunFailure
+from headscope.verdicts.results import CSV_COLUMNS
+from headscope.verdicts.roles import ROLES_CSV_COLUMNS
+
+GROUP = ["data", "detector", "relation", "direction"]
+
+
+class Result:
+    """The outcome of one analysis. Build it with ``hs.scan(...)`` and friends, or ``Result.from_json``.
+
+    * ``table``: one row per head per (data, detector, relation, direction), the CSV's columns;
+    * ``roles``: one row per head, its strongest role, secondary roles, the score and interval;
+    * ``scores(detector, ...)``: a ``[n_layers, n_heads]`` array (TransformerLens ``detect_head`` style);
+    * ``top(detector, k)``: the k best heads of one table;
+    * ``checks`` and ``verify(k=...)``: causal checks by ablation;
+    * ``to_csv``, ``to_json``, ``from_json``, ``to_html`` and inline display in Jupyter.
+    """
+
+    def __init__(
+        self,
+        analysis: str,
+        *,
+        outcome: Any = None,
+        options: Any = None,
+        loaded: Any = None,
+        saved: dict[str, Any] | None = None,
+    ) -> None:
+        self.analysis = analysis
+        self._outcome = outcome
+        self._options = options
+        self._loaded = loaded
+        self._saved = saved
+        self._examples: list[dict[str, Any]] | None = None
+
+    # --- what it holds ----------------------------------------------------------------------------
+
+    @property
+    def report(self) -> Any:
+        """The core report (sections, notes, outcomes); None for a result read from JSON."""
+        return None if self._outcome is None else self._outcome.report
+
+    @property
+    def model(self) -> str:
+        return self.report.model if self.report is not None else str(self._saved.get("model", ""))  # type: ignore[union-attr]
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.report.notes) if self.report is not None else list(self._saved.get("notes", []))  # type: ignore[union-attr]
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """What the analysis kept for its verification and rendering (the needle outcome, the role rule…)."""
+        return {} if self._outcome is None else self._outcome.state
+
+    @property
+    def options(self) -> Any:
+        return self._options
+
+    @property
+    def layout(self) -> dict[str, Any] | None:
+        """layers, heads, kv_heads, … as in the JSON's ``layout``."""
+        if self.report is not None and self.report.layout is not None:
+            from headscope.outputs.report import layout_json
+
+            return layout_json(self.report.layout)
+        return None if self._saved is None else self._saved.get("layout")
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The tidy table with the CSV's columns (a copy)."""
+        if self.report is not None:
+            return self.report.table[CSV_COLUMNS].reset_index(drop=True).copy()
+        rows = pd.DataFrame(self._saved.get("rows", []))  # type: ignore[union-attr]
+        for column in CSV_COLUMNS:
+            if column not in rows:
+                rows[column] = np.nan
+        for column in ("relation", "direction", "role", "data"):
+            rows[column] = rows[column].fillna("")
+        return rows[CSV_COLUMNS]
+
+    @property
+    def roles(self) -> pd.DataFrame:
+        """One row per head: role (strongest), secondary roles, and the score and interval behind it."""
+        if self.report is not None:
+            from headscope.verdicts.roles import head_roles
+
+            return head_roles(self.report.table)[ROLES_CSV_COLUMNS]
+        saved = self._saved.get("roles") if self._saved else None
+        if saved is not None:
+            return pd.DataFrame(saved, columns=ROLES_CSV_COLUMNS)
+        return _roles_from_rows(self.table)
+
+    @property
+    def checks(self) -> list[Any]:
+        """The causal checks run so far (``verify=True``, ``--verify``, ``--ablate`` or ``.verify()``).
+
+        Each has ``kind`` and ``to_json()``; a result read from JSON holds their JSON records."""
+        if self._outcome is not None:
+            return list(self._outcome.checks)
+        saved = self._saved or {}
+        out: list[Any] = []
+        for key in ("verification", "circuit_verification", "ablation"):
+            value = saved.get(key)
+            if isinstance(value, list):
+                out += value
+            elif isinstance(value, dict):
+                out.append(value)
+        return out
+
+    def tables(self) -> pd.DataFrame:
+        """The (data, detector, relation, direction) groups of the table, one row each, with head counts."""
+        table = self.table
+        return table.groupby(GROUP, sort=False).size().rename("heads").reset_index()
+
+    def _group(
+        self, detector: str, relation: str | None, direction: str | None, data: str | None
+    ) -> pd.DataFrame:
+        table = self.table
+        rows = table[table.detector == detector]
+        if rows.empty:
+            known = ", ".join(dict.fromkeys(table.detector)) or "none"
+            raise InputError(f"no table for detector {detector!r} in this result", hint=f"detectors: {known}")
+        for column, value in (("relation", relation), ("direction", direction), ("data", data)):
+            if value is not None:
+                rows = rows[rows[column] == value]
+        groups = rows[GROUP].drop_duplicates()
+        if len(groups) == 0:
+            raise InputError(
+                f"no {detector} table matches relation={relation!r}, direction={direction!r}, data={data!r}"
+            )
+        if len(groups) > 1:
+            listed = "; ".join(
+                ", ".join(f"{k}={v!r}" for k, v in zip(GROUP, g, strict=True) if k != "detector" and v)
+                for g in groups.itertuples(index=False, name=None)
+            )
+            raise InputError(
+                f"{detector} has {len(groups)} tables in this result",
+                hint=f"pick one with relation=, direction= or data=: {listed}",
+            )
+        return rows
+
+    def scores(
+        self,
+        detector: str,
+        relation: str | None = None,
+        direction: str | None = None,
+        data: str | None = None,
+    ) -> np.ndarray:
+        """The scores of one table as a ``[n_layers, n_heads]`` float array (NaN where a head has none)."""
+        rows = self._group(detector, relation, direction, data)
+        layout = self.layout
+        table = self.table
+        n_layers = int(layout["layers"]) if layout else int(table.layer.max()) + 1
+        n_heads = int(layout["heads"]) if layout else int(table["head"].max()) + 1
+        out = np.full((n_layers, n_heads), np.nan)
+        out[rows.layer.astype(int).to_numpy(), rows["head"].astype(int).to_numpy()] = rows.score.astype(float)
+        return out
+
+    def top(
+        self,
+        detector: str,
+        k: int = 10,
+        relation: str | None = None,
+        direction: str | None = None,
+        data: str | None = None,
+    ) -> pd.DataFrame:
+        """The k best heads of one table, best first."""
+        if k < 1:
+            raise InputError(f"k must be at least 1, got {k}")
+        rows = self._group(detector, relation, direction, data)
+        return rows.sort_values("score", ascending=False, kind="stable").head(k).reset_index(drop=True)
+
+    # --- verification -----------------------------------------------------------------------------
+
+    def verify(self, k: int | None = None, progress: Any = None) -> list[Any]:
+        """Run this analysis' causal check on the model it ran on (ablate the top-k heads and a
+        random same-layer control), keep the checks in ``checks`` and return them."""
+        if self._outcome is None or self._loaded is None:
+            raise InputError(
+                "this result was read from JSON and holds no model to ablate",
+                hint="rerun the analysis, e.g. hs.scan(model).verify()",
+            )
+        from headscope import capture
+        from headscope.analyses.protocol import get
+
+        if k is not None and k < 1:
+            raise InputError(f"k must be at least 1, got {k}")
+        analysis = get(self.analysis)
+        with capture.prepared(self._loaded):
+            checks = analysis.verify(self._loaded, self._outcome, self._options, progress, k)
+        self._outcome.checks = list(checks)
+        return list(checks)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def to_dict(self, command: str | None = None) -> dict[str, Any]:
+        """The result JSON as a dict: the same document as ``headscope <command> --format json``."""
+        if self._outcome is None:
+            return dict(self._saved or {})
+        from headscope.analyses.protocol import get
+        from headscope.outputs.report import jsonable, report_json, roles_records
+
+        analysis = get(self.analysis)
+        extra: dict[str, Any] = {}
+        if analysis.json_roles:
+            extra["roles"] = roles_records(self.report)
+        extra.update(analysis.json(self._outcome))
+        return jsonable(report_json(self.report, command or self.analysis, **extra))
+
+    def to_json(self, path: str | Path | None = None, *, force: bool = False) -> str:
+        """The result JSON; written atomically to ``path`` when given (``force`` to overwrite)."""
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        if path is not None:
+            from headscope.files import write_atomic
+
+            write_atomic(path, text, "path", force)
+        return text
+
+    def to_csv(self, path: str | Path | None = None, *, roles: bool = False, force: bool = False) -> str:
+        """The tidy table as CSV (``roles=True``: one row per head with its role); written atomically
+        to ``path`` when given."""
+        if roles:
+            text = self.roles.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+        else:
+            from headscope.outputs.report import table_csv
+
+            text = table_csv(self.table)
+        if path is not None:
+            from headscope.files import write_atomic
+
+            write_atomic(path, text, "path", force)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path | dict[str, Any]) -> Result:
+        """Read a result written by ``to_json`` or ``--format json`` (a path, a JSON string or a dict)."""
+        if isinstance(source, dict):
+            saved = source
+        else:
+            text = str(source)
+            if not text.lstrip().startswith("{"):
+                path = Path(text)
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+            try:
+                saved = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not a headscope result JSON: line {exc.lineno}: {exc.msg}") from None
+        if not isinstance(saved, dict) or "rows" not in saved or "command" not in saved:
+            raise InputError("not a headscope result JSON: it has no 'rows' and 'command'")
+        return cls(str(saved["command"]), saved=saved)
+
+    def html(self, *, examples: bool = True, command: str | None = None) -> str:
+        """The self-contained HTML report (inline CSS, JS and data; nothing is fetched)."""
+        from headscope.outputs import html as page
+        from headscope.outputs import report_data
+
+        saved = self.to_dict()
+        layout = saved.get("layout")
+        maps: list[dict[str, Any]] = []
+        if examples and self._loaded is not None:
+            if self._examples is None:
+                from headscope import capture
+                from headscope.analyses.examples import attention_examples
+
+                with capture.prepared(self._loaded):
+                    self._examples = attention_examples(self._loaded)
+            maps = self._examples
+            layout = report_data.layout_of(self._loaded)
+        built = report_data.build(
+            saved, layout=layout, examples=maps, command=command or f"hs.{self.analysis}()"
+        )
+        return page.render(built)
+
+    def to_html(self, path: str | Path, *, examples: bool = True, force: bool = False) -> Path:
+        """Write the HTML report to ``path`` atomically (with attention heatmaps while the model is at hand)."""
+        from headscope.files import write_atomic
+
+        return write_atomic(path, self.html(examples=examples), "path", force)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the report inline, in a sandboxed iframe, so its CSS and JS stay its own."""
+        try:
+            document = self.html()
+        except (InputError, RunFailure) as exc:
+            return f"<pre>{_html.escape(repr(self))}\n(report not drawn: {_html.escape(str(exc))})</pre>"
+        return (
+            '<iframe title="headscope report" sandbox="allow-scripts" '
+            'style="width:100%;height:760px;border:1px solid #ddd;border-radius:4px" '
+            f'srcdoc="{_html.escape(document, quote=True)}"></iframe>'
+        )
+
+    def __repr__(self) -> str:
+        table = self.table
+        layout = self.layout
+        shape = f"{layout['layers']}x{layout['heads']} heads" if layout else f"{len(table)} rows"
+        roles = self.roles
+        working = roles[(roles.role != "") & (roles.role != "sink")]
+        counts = ", ".join(f"{label} {n}" for label, n in working.role.value_counts().items())
+        n_tables = len(table[GROUP].drop_duplicates())
+        checks = len(self.checks)
+        return (
+            f"<headscope.Result {self.analysis} of {self.model}: {shape}, {n_tables} tables, "
+            f"{len(working)} heads with a role{f' ({counts})' if counts else ''}; "
+            f"{checks} check{'s' if checks != 1 else ''}{'' if self._loaded is not None or self._saved is None else '; from JSON'}>"
+        )
+
+
+def _roles_from_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Roles of a saved result without a role table: each head's strongest qualifying row."""
+    held = table[table.role.fillna("") != ""].copy()
+    base = held.baseline.astype(float).fillna(0.0)
+    held["strength"] = (held.score.astype(float) - base) / (1.0 - base).clip(lower=1e-9)
+    held["resting"] = held.role == "sink"
+    held = held.sort_values(["resting", "strength"], ascending=[True, False])
+    best = held.drop_duplicates(["layer", "head"])
+    heads = table[["model", "layer", "head", "kv_group"]].drop_duplicates(["layer", "head"])
+    merged = heads.merge(best.drop(columns=["model", "kv_group"]), on=["layer", "head"], how="left")
+    counts = held.groupby(["layer", "head"]).size().rename("n_roles")
+    merged = merged.merge(counts, on=["layer", "head"], how="left")
+    merged["n_roles"] = merged["n_roles"].fillna(0).astype(int)
+    others = held.groupby(["layer", "head"])["role"].apply(lambda r: list(dict.fromkeys(r)))
+    merged["secondary"] = [
+        ";".join(r for r in others.get((a, b), []) if r != role)
+        for a, b, role in zip(merged.layer, merged["head"], merged.role.fillna(""), strict=True)
+    ]
+    merged["role"] = merged["role"].fillna("")
+    merged["p_adj"] = np.nan
+    return merged.sort_values(["layer", "head"]).reset_index(drop=True)[ROLES_CSV_COLUMNS]
+
+
+class AttentionMap:
+    """What ``hs.show`` returns: one layer's attention on one text, for the heads asked for.
+
+    ``view.weights[head, query, key]``, ``labels`` (tokens or words), ``table`` (one row per
+    head, query and key, as ``headscope show --format csv``), and an inline heatmap in Jupyter."""
+
+    def __init__(self, view: Any, model: str) -> None:
+        self.view = view
+        self.model = model
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.view.labels)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """``[n_heads_shown, n, n]`` float array."""
+        return self.view.weights.float().numpy()
+
+    @property
+    def table(self) -> pd.DataFrame:
+        from headscope.outputs.views import VIEW_COLUMNS, view_rows
+
+        return pd.DataFrame(view_rows(self.view), columns=VIEW_COLUMNS)
+
+    def to_csv(self, path: str | Path | None = None, *, force: bool = False) -> str:
+        text = self.table.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+        if path is not None:
+            from headscope.files import write_atomic
+
+            write_atomic(path, text, "path", force)
+        return text
+
+    def _repr_html_(self) -> str:
+        labels = [_html.escape(label) for label in self.view.labels]
+        blocks = []
+        for index, head in enumerate(self.view.heads):
+            weights = self.view.weights[index]
+            rows = "".join(
+                f"<tr><th style='text-align:right;padding-right:4px'>{labels[q]}</th>"
+                + "".join(
+                    f"<td title='{labels[q]} → {labels[k]}: {float(weights[q, k]):.3f}' "
+                    f"style='width:14px;height:14px;background:rgba(208,56,56,{float(weights[q, k]):.3f})'></td>"
+                    for k in range(len(labels))
+                )
+                + "</tr>"
+                for q in range(len(labels))
+            )
+            header = "".join(
+                f"<th style='writing-mode:vertical-rl;font-weight:normal'>{label}</th>" for label in labels
+            )
+            blocks.append(
+                f"<div style='display:inline-block;margin:0 16px 16px 0'><b>L{self.view.layer}H{head}</b>"
+                f"<table style='border-collapse:collapse;font:11px sans-serif'><tr><th></th>{header}</tr>{rows}</table></div>"
+            )
+        return f"<div>{''.join(blocks)}</div>"
+
+    def __repr__(self) -> str:
+        heads = ",".join(str(h) for h in self.view.heads)
+        return (
+            f"<headscope.AttentionMap {self.model}: layer {self.view.layer}, heads {heads}, "
+            f"{len(self.view.labels)} {self.view.unit}s>"
+        )
