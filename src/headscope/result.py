@@ -250,27 +250,33 @@ class Result:
         return text
 
     @classmethod
-    def from_json(cls, source: str | Path | dict[str, Any]) -> Result:
-        """Read a result written by ``to_json`` or ``--format json`` (a path, a JSON string or a dict)."""
+    def from_json(cls, source: str | Path | dict[str, Any], *, run: str | None = None) -> Result:
+        """Read a saved result: a path (``to_json`` or ``--format json`` output, or a ``headscope
+        sweep`` store with ``run`` its run key or model label), a JSON string, or a dict."""
         if isinstance(source, dict):
             saved = source
+        elif isinstance(source, Path) or not str(source).lstrip().startswith("{"):
+            from headscope.sweep.results import load_result
+
+            saved = load_result(source, run)
         else:
-            text = str(source)
-            if not text.lstrip().startswith("{"):
-                path = Path(text)
-                try:
-                    text = path.read_text(encoding="utf-8")
-                except OSError as exc:
-                    raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
             try:
-                saved = json.loads(text)
+                saved = json.loads(str(source))
             except json.JSONDecodeError as exc:
                 raise InputError(f"not a headscope result JSON: line {exc.lineno}: {exc.msg}") from None
         if not isinstance(saved, dict) or "rows" not in saved or "command" not in saved:
             raise InputError("not a headscope result JSON: it has no 'rows' and 'command'")
         return cls(str(saved["command"]), saved=saved)
 
-    def html(self, *, examples: bool = True, command: str | None = None) -> str:
+    def attach(self, loaded: Any) -> Result:
+        """Give a saved result a model to draw attention heatmaps with (``to_html``); returns self."""
+        self._loaded = loaded
+        self._examples = None
+        return self
+
+    def html(
+        self, *, examples: bool = True, command: str | None = None, notes: list[str] | None = None
+    ) -> str:
         """The self-contained HTML report (inline CSS, JS and data; nothing is fetched)."""
         from headscope.outputs import html as page
         from headscope.outputs import report_data
@@ -290,6 +296,7 @@ class Result:
         built = report_data.build(
             saved, layout=layout, examples=maps, command=command or f"hs.{self.analysis}()"
         )
+        built["notes"] += notes or []
         return page.render(built)
 
     def to_html(self, path: str | Path, *, examples: bool = True, force: bool = False) -> Path:

@@ -31,6 +31,18 @@ class SweepResult:
     table: pd.DataFrame | None = None  # sweep.csv
     losses: pd.DataFrame | None = None  # repeated-copy loss per run (induction)
 
+    def emergence(self) -> pd.DataFrame:
+        """Per role table: best score first and last step, where it rose most, first step per head."""
+        from .summary import emergence
+
+        return emergence(self.table, self.losses) if self.table is not None else pd.DataFrame()
+
+    def across_models(self) -> pd.DataFrame:
+        """Heads per role and their mean relative depth, at the last step of each series."""
+        from .summary import across_models
+
+        return across_models(self.table) if self.table is not None else pd.DataFrame()
+
 
 def check_analyses(names: Sequence[str]) -> list[str]:
     chosen = [n.strip() for n in names if n.strip()]

@@ -1,0 +1,266 @@
+"""What every command shares: the app, option groups declared once, errors, progress, output."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+
+from headscope import files
+from headscope.analyses.protocol import option
+from headscope.errors import HeadscopeError, InputError, NotApplicable
+
+app = typer.Typer(
+    name="headscope",
+    help="Find out what every attention head in a transformer does.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# NO_COLOR (https://no-color.org) means plain text: no colours, no bold, no live progress bars.
+# Without a terminal Rich already prints plain text.
+PLAIN = bool(os.environ.get("NO_COLOR"))
+out = Console(highlight=False, color_system=None if PLAIN else "auto")
+err = Console(stderr=True, highlight=False, color_system=None if PLAIN else "auto")
+
+DEFAULT_MODEL = "smollm2-135m"
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Bundled alias (smollm2-135m, minilm-l6), a .gguf file, a local HF folder, or a cached hub id."
+    ),
+]
+
+
+# --- option groups, each declared once ---------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Device:
+    device: str = option("cpu", "Where to run the model.", choices=("auto", "cpu", "cuda", "mps"))
+
+
+@dataclass(kw_only=True)
+class Where(Device):
+    dtype: str = option(
+        "float32", "Model weights dtype (scores are float32).", choices=("float32", "bfloat16", "float16")
+    )
+
+
+@dataclass(kw_only=True)
+class Load(Where):
+    device_map: str | None = option(None, "'auto': let accelerate spread a model too big for one device.")
+
+
+@dataclass(kw_only=True)
+class Capture:
+    capture: str = option(
+        "auto",
+        "stream: per-layer hand-off (default); eager: output_attentions.",
+        choices=("auto", "stream", "eager"),
+    )
+
+
+@dataclass(kw_only=True)
+class Emit:
+    fmt: str = option(
+        "table",
+        "table: for people; csv or json: every head, for programs.",
+        flag="--format",
+        choices=("table", "csv", "json"),
+    )
+    output: str = option(
+        "-", "Where the --format output goes: a file, or - for stdout.", flag=("-o", "--output")
+    )
+    force: bool = option(False, "Overwrite output files that already exist.")
+    debug: bool = option(False, "Show tracebacks and debug logs.")
+
+
+@dataclass(kw_only=True)
+class Top:
+    top: int = option(10, "Heads to show per table.", min=1)
+
+
+@dataclass(kw_only=True)
+class Csv:
+    csv: Path | None = option(None, "Write every head of every detector to this CSV (atomic).")
+
+
+@dataclass(kw_only=True)
+class Executor:
+    executor: str = option("local", "local worker processes, or Ray.", choices=("local", "ray"))
+
+
+@dataclass(kw_only=True)
+class Debug:
+    debug: bool = option(False, "Show tracebacks and debug logs.")
+
+
+# --- plumbing ----------------------------------------------------------------------------------------
+
+
+def _setup_logging(debug: bool) -> None:
+    level = logging.DEBUG if debug else logging.WARNING
+    logger = logging.getLogger("headscope")
+    logger.handlers[:] = [RichHandler(console=err, show_path=debug, show_time=False)]
+    logger.setLevel(level)
+    if not debug:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def handle_errors(debug: bool) -> Iterator[None]:
+    """Known errors become one line on stderr and exit 2 (input) or 1 (failure); Ctrl-C exits 130."""
+    _setup_logging(debug)
+    try:
+        yield
+    except NotApplicable as exc:  # nothing to score on this model: said plainly, not an error
+        out.print(escape(str(exc)), soft_wrap=True)
+    except HeadscopeError as exc:
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: no partial output file was left behind")
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # an unexpected failure: one line, the traceback only with --debug
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(
+            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(str(exc))} (rerun with --debug for the traceback)",
+            markup=True,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def progress_bar() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    from headscope.outputs.progress import progress_bars
+
+    with progress_bars(err) as factory:
+        yield factory
+
+
+def load_model(model: str, load: Load, capture: str = "auto", revision: str | None = None) -> Any:
+    import headscope.api as hs
+
+    status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
+    with contextlib.nullcontext() if PLAIN else err.status(status):
+        loaded = hs.load(
+            model,
+            device=load.device,
+            dtype=load.dtype,
+            capture=capture,
+            device_map=load.device_map,
+            revision=revision,
+        )
+    layout = loaded.layout
+    kind = "causal" if loaded.is_causal else "bidirectional"
+    err.print(
+        f"{loaded.name}: {layout.n_layers} layers x {layout.n_heads} query heads "
+        f"({layout.n_kv_heads} KV heads, {layout.group_size} per group), {kind}, capture={loaded.capture_mode}",
+        soft_wrap=True,
+    )
+    return loaded
+
+
+def check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
+    """Reject unwritable, clashing or (without --force) existing output paths before any work."""
+    seen: dict[Path, str] = {}
+    for flag, path in pairs:
+        if path is None or str(path) == "-":
+            continue
+        target = files.check_writable(path, flag, force).resolve()
+        if target in seen:
+            raise InputError(f"{flag} and {seen[target]} both write {path}", hint="give each its own file")
+        seen[target] = flag
+
+
+def wrote(path: Path, what: str = "") -> None:
+    err.print(f"wrote {what}{path}", soft_wrap=True)
+
+
+def write_output(
+    emit: Emit, draw: Callable[[Console], None], csv_text: Callable[[], str], json_data: Callable[[], dict]
+) -> None:
+    """Data to stdout (or -o FILE, atomically); messages go to stderr."""
+    from headscope.outputs import report
+
+    if emit.fmt == "table":
+        if emit.output == "-":
+            draw(out)
+            return
+        text = report.render_text(draw)
+    elif emit.fmt == "csv":
+        text = csv_text()
+    else:
+        text = json.dumps(report.jsonable(json_data()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    if emit.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        path = files.write_atomic(emit.output, text, "-o", emit.force)
+        err.print(f"wrote {emit.fmt} to {path}", soft_wrap=True)
+
+
+def command_line() -> str:
+    return "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def run_analysis(
+    name: str,
+    model: str,
+    options: Any,
+    load: Load,
+    emit: Emit,
+    *,
+    capture: str = "auto",
+    top: int = 10,
+    csv: Path | None = None,
+    outputs: tuple[tuple[str, Path | None], ...] = (),
+    after: Callable[[Any], None] | None = None,
+) -> None:
+    """Every analysis command: check, load, run (and verify) through the API, render, write files."""
+    import headscope.api as hs
+    from headscope.outputs import report
+
+    with handle_errors(emit.debug):
+        planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
+        check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
+        loaded = load_model(model, load, capture)
+        with progress_bar() as progress:
+            result = hs.run(name, loaded, planned=planned, progress=progress)
+        write_output(
+            emit,
+            lambda console: report.print_result(result, console, top),
+            lambda: report.table_csv(result.table),
+            lambda: result.to_dict(name),
+        )
+        for note in result.notes:
+            err.print(f"note: {note}", soft_wrap=True)
+        if csv is not None:
+            path = files.write_atomic(csv, report.table_csv(result.table), "--csv", emit.force)
+            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
+        if after is not None:
+            after(result)
