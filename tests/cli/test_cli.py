@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from headscope import detectors
 from headscope.cli import app
 from headscope.verdicts.results import CSV_COLUMNS
 
@@ -54,11 +55,16 @@ def test_scan_on_toy_with_text_set(toy_dir, toy_texts, tmp_path):
     target = tmp_path / "scan.csv"
     result = invoke("scan", toy_dir, "--text", toy_texts, "--csv", target, "--top", 2, "--resamples", 200)
     assert result.exit_code == 0, result.stderr
-    for detector in ("previous-token", "sink", "duplicate-token", "induction"):
+    # The detectors that read the natural text or the repeated tokens: one table each, a row per head.
+    token_level = [
+        n for n, c in detectors.REGISTRY.items() if c.default_source in {"text", "repeated-tokens"}
+    ]
+    for detector in token_level:
         assert detector in result.stdout
     rows = list(csv.DictReader(io.StringIO(target.read_text())))
     head_level = [r for r in rows if r["relation"] == ""]
-    assert len(head_level) == 4 * 8
+    assert len(head_level) == len(token_level) * 8  # the toy's 2 layers x 4 heads
+    assert {r["detector"] for r in head_level} == set(token_level)
     assert {r["data"] for r in rows} >= {"symbols", "repeated-tokens", "syntax-en", "coref-en"}
     # The toy's tokenizer reads Chinese as <unk> runs that swallow whole clauses: every arc and
     # every candidate shares a token with its partner, so the Chinese sets are left out, with a note.

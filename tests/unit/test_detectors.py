@@ -10,6 +10,8 @@ from headscope.capture import make_batches
 from headscope.models import HeadLayout
 
 LAYOUT = HeadLayout(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_model=32, max_positions=None)
+# The registered detectors that read tokens alone (no words, arcs or positions from the analysis).
+TOKEN_LEVEL = [name for name, cls in detectors.REGISTRY.items() if cls.needs == {"tokens"}]
 
 
 def causal_uniform(length: int) -> torch.Tensor:
@@ -157,9 +159,8 @@ def test_padding_does_not_change_scores():
     weights = weights / weights.sum(-1, keepdim=True)
     alone = make_batches([short], [[False] * 6], batch_size=1, pad_id=0, is_causal=True)[0]
     row = together.example_index.tolist().index(0)
-    token_level = [name for name, cls in detectors.REGISTRY.items() if cls.needs == {"tokens"}]
-    assert len(token_level) == 4
-    for name in token_level:
+    assert TOKEN_LEVEL
+    for name in TOKEN_LEVEL:
         joint = run_detector(name, together, [weights, weights])
         single = run_detector(name, alone, [weights[row : row + 1, :, :6, :6]] * 2)
         assert torch.allclose(joint.sums[0], single.sums[0], atol=1e-6), name
@@ -191,7 +192,7 @@ def random_causal(batch, n_heads, seed):
     return torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
 
 
-@pytest.mark.parametrize("name", ["previous-token", "duplicate-token", "induction", "sink"])
+@pytest.mark.parametrize("name", TOKEN_LEVEL)
 @pytest.mark.parametrize("rows", [1, 3, 7])
 def test_chunked_delivery_equals_whole_map(name, rows):
     """Streaming capture hands query chunks whose keys stop at the chunk's end (causal)."""

@@ -20,8 +20,9 @@ PACKAGE = SRC / "headscope"
 # Low to high. A module may import its own group and any group of a lower layer; never a higher
 # layer, and never another group of its own layer.
 LAYERS: list[tuple[int, list[str]]] = [
-    # The leaf: the package root (only for __version__), errors, and file writing (which raises
-    # errors' OutputError). One group, so files may import errors.
+    # The leaf: the package root (only for __version__), errors, file writing (which raises
+    # errors' OutputError), and the role spec (a plain record that detectors and weights, siblings,
+    # both declare their roles with). One group, so files may import errors.
     (0, ["leaf"]),
     (1, ["models", "data"]),
     # capture takes its model duck-typed; models decide the capture mode without importing it
@@ -37,7 +38,7 @@ LAYERS: list[tuple[int, list[str]]] = [
     (8, ["api"]),
     (9, ["cli"]),
 ]
-LEAF_MODULES = {"headscope", "headscope.errors", "headscope.files"}
+LEAF_MODULES = {"headscope", "headscope.errors", "headscope.files", "headscope.rolespec"}
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.
 ROOT_LEAF_NAMES = {"__version__"}

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from headscope import detectors
 from headscope.capture import make_batches
-from headscope.detectors import create
+from headscope.detectors import Detector, RoleSpec, create
 from headscope.models import HeadLayout
 from headscope.outputs.report import table_csv
 from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import RoleRule, assign_roles, head_roles
+from headscope.verdicts.roles import (
+    RoleRule,
+    assign_roles,
+    head_roles,
+    role_label,
+    role_spec,
+    spec_for_label,
+)
 from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
 
 LAYOUT = HeadLayout(n_layers=2, n_heads=3, n_kv_heads=3, head_dim=4, d_model=12, max_positions=None)
@@ -139,8 +150,6 @@ def test_no_resamples_means_no_intervals_and_no_roles():
 
 
 def test_role_map_marks_global_layers_where_some_layers_are_local():
-    import dataclasses
-
     from rich.console import Console
 
     from headscope.analyses import Report
@@ -159,3 +168,128 @@ def test_role_map_marks_global_layers_where_some_layers_are_local():
     console = Console(record=True, width=100, color_system=None)
     print_role_map(Report("synthetic", table, [], "stream", layout=LAYOUT), console, "rule")
     assert " G" not in console.export_text()
+
+
+# --- a new role: one detector class with its RoleSpec, one registry line --------------------------
+
+
+class SkipTokenDetector(Detector):
+    """A throwaway attention-pattern role: attention from position i to i - 2 (whole maps only)."""
+
+    name = "skip-token"
+    summary = "attention from position i to i-2"
+    default_source = "text"
+    role = RoleSpec("skip", "attention two tokens back", "#123abc", "bold magenta", data="natural text")
+
+    def update(self, layer: int, attn: torch.Tensor, batch, q_start: int = 0) -> None:
+        length = attn.shape[2]
+        per_head = attn.diagonal(offset=-2, dim1=2, dim2=3).sum(-1)  # [B, H]
+        counts = torch.full((attn.shape[0],), float(length - 2))
+        # Causal uniform attention puts 1 / (i + 1) on key i - 2.
+        baseline = (1.0 / torch.arange(3, length + 1, dtype=torch.float64)).sum().expand(attn.shape[0])
+        self._accumulate(layer, batch, per_head, counts, baseline)
+
+
+@pytest.fixture
+def skip_token_registered(monkeypatch):
+    monkeypatch.setitem(detectors.REGISTRY, SkipTokenDetector.name, SkipTokenDetector)
+
+
+def planted_skip_token_results(n_sequences: int = 24, length: int = 16, seed: int = 0):
+    """Head (1, 2) attends two tokens back with weight ~0.8; every other head is uniform."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(5, 500, (length,), generator=gen).tolist() for _ in range(n_sequences)]
+    batch = make_batches(
+        seqs, [[False] * length] * n_sequences, batch_size=n_sequences, pad_id=0, is_causal=True
+    )[0]
+    causal = torch.ones(length, length).tril()
+    uniform = causal / causal.sum(-1, keepdim=True)
+    detector = create([SkipTokenDetector.name])[0]
+    detector.start(LAYOUT, n_sequences)
+    for layer in range(2):
+        attn = uniform.expand(n_sequences, 3, length, length).clone()
+        if layer == 1:
+            planted = torch.zeros(length, length)
+            planted[:2] = uniform[:2]
+            idx = torch.arange(2, length)
+            planted[idx, idx - 2] = 0.8
+            planted[idx, 0] += 0.2
+            noise = 0.1 * torch.rand(n_sequences, length, generator=gen)
+            head = planted.expand(n_sequences, length, length).clone()
+            head[:, idx, idx - 2] -= noise[:, 2:]
+            head[:, idx, 0] += noise[:, 2:]
+            attn[:, 2] = head
+        detector.consume(layer, attn, batch)
+    return detector.results("synthetic"), batch
+
+
+def test_a_new_detector_needs_only_its_class_and_a_registry_line(skip_token_registered):
+    from rich.console import Console
+
+    from headscope.analyses import Report
+    from headscope.outputs import report_data
+    from headscope.outputs.report import jsonable, print_role_map, report_json, roles_records
+
+    assert role_label("skip-token", "") == "skip"
+    assert role_spec("skip-token", "") is SkipTokenDetector.role
+    assert spec_for_label("skip") is SkipTokenDetector.role
+    results, _ = planted_skip_token_results()
+    table = assign_roles(head_table(results, LAYOUT, "synthetic", seed=1))
+    assert table.loc[table.role != "", ["layer", "head", "role"]].values.tolist() == [[1, 2, "skip"]]
+    report = Report("synthetic", table, [], "stream", layout=LAYOUT)
+    # The terminal role map: the label in its grid, its meaning in the legend, its style on the cell.
+    console = Console(
+        record=True, width=100, color_system="standard", force_terminal=True, file=io.StringIO()
+    )
+    print_role_map(report, console, "rule")
+    text = console.export_text(clear=False)
+    assert "legend: skip = attention two tokens back" in text
+    assert "1 of 6 heads have a role (skip 1)" in text
+    styled = console.export_text(styles=True)
+    assert "\x1b[1;35mskip" in styled  # bold magenta
+    # The HTML report's legend.
+    saved = jsonable(report_json(report, "scan", roles=roles_records(report)))
+    built = report_data.build(saved)
+    assert built["roles"] == [{"label": "skip", "meaning": "attention two tokens back", "color": "#123abc"}]
+
+
+def test_verify_notes_a_table_without_a_causal_check(skip_token_registered):
+    """A role whose spec defines no verification gets a note in the report instead of exit 2."""
+    from types import SimpleNamespace
+
+    from headscope.analyses import Report, Section, verify
+
+    results, batch = planted_skip_token_results()
+    table = assign_roles(head_table(results, LAYOUT, "synthetic", seed=1))
+    sections = [
+        Section(
+            r.detector, r.relation, r.direction, "", r.data, "", r.n, r.n_examples, r.baseline(), "uniform"
+        )
+        for r in results
+    ]
+    # A detector nobody registered has no spec, so no check either.
+    sections.append(dataclasses.replace(sections[0], detector="unregistered"))
+    report = Report("synthetic", table, sections, "stream", inputs={"synthetic": [batch]}, layout=LAYOUT)
+    loaded = SimpleNamespace(is_causal=True, has_lm_head=True, layout=LAYOUT)
+    assert role_spec("skip-token", "").verify is None
+    assert verify(loaded, report, k=1) == []
+    assert report.notes == [
+        "verify: no causal check is defined for synthetic · skip-token",
+        "verify: no causal check is defined for synthetic · unregistered",
+    ]
+    verify(loaded, report, k=1)  # checking again does not repeat the notes
+    assert len(report.notes) == 2
+
+
+def test_every_registered_role_has_a_spec_with_a_legend():
+    """Each detector declares its roles: a label, a meaning and a colour for the legends."""
+    for name, cls in detectors.REGISTRY.items():
+        specs = cls.role_specs()
+        assert specs, f"{name} declares no RoleSpec"
+        for spec in specs:
+            assert spec.label and spec.meaning and spec.color.startswith("#"), (name, spec)
+            assert spec.kind in {"threshold", "signed", "descriptive"}
+    labels = [
+        s.label for cls in detectors.REGISTRY.values() for s in cls.role_specs() if s.kind != "descriptive"
+    ]
+    assert len(labels) == len(set(labels)), "two roles share a label"

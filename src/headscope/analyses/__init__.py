@@ -1,7 +1,6 @@
 """Analyses: run the model over a data set and call detectors and verdicts (scan, induction, syntax, coref, ablation)."""
 
 from headscope.analyses.ablation import (
-    REPEAT_JUDGED,
     AblationResult,
     Head,
     LossEstimate,
@@ -38,7 +37,6 @@ __all__ = [
     "Head",
     "LossEstimate",
     "ProgressFactory",
-    "REPEAT_JUDGED",
     "RepeatSpec",
     "Report",
     "Section",

@@ -28,6 +28,7 @@ from headscope.analyses.induction import CopyLossMeter
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import Head, random_control
+from headscope.verdicts.roles import role_spec
 from headscope.verdicts.stats import bootstrap_ratio_ci
 
 
@@ -151,9 +152,13 @@ def ablate(
 # --- scan --verify --------------------------------------------------------------------------------
 
 
-REPEAT_JUDGED = {"previous-token", "duplicate-token", "induction"}
-# Checked by their own analyses (logit difference, needle accuracy), not by token loss here.
-CIRCUIT_CHECKED = {"ioi", "retrieval", "weights"}
+# The verification targets (RoleSpec.verify) measured here by next-token loss; any other target is
+# a circuit measure (logit difference, needle accuracy, ordinal continuation) that the circuit's
+# own analysis checks.
+TOKEN_TARGETS = ("later-copies", "text", "dependents", "pronouns")
+# Measured on the scan's token-level inputs, so always checked; the other targets only where a head
+# earned the role, since every check costs (1 + draws) forward passes over the prompt set.
+ALWAYS_CHECKED = ("later-copies", "text")
 
 
 @dataclass
@@ -198,35 +203,35 @@ def _token_losses(
 def _target_masks(
     batches: Sequence[capture.Batch],
     data: str,
-    detector: str,
+    target: str,
     relation: str,
     repeat: tuple[RepeatSpec, int] | None,
 ) -> tuple[list[torch.Tensor], str]:
-    """Which tokens' loss tells whether this table's heads matter."""
+    """Which tokens' loss tells whether this table's heads matter (``target``: its RoleSpec.verify)."""
     masks = []
     for batch in batches:
         length = batch.input_ids.shape[1]
         mask = torch.zeros_like(batch.attention_mask)
-        if detector in REPEAT_JUDGED and repeat is not None:
+        if target == "later-copies" and repeat is not None:
             spec, offset = repeat
             start, end = offset + spec.seq_len, offset + spec.seq_len * spec.repeats
             mask[:, start:end] = True
             what = "later copies of repeated random tokens"
-        elif detector == "sink":
+        elif target == "text":
             mask = batch.attention_mask & ~batch.special
             what = f"every token of {data}"
-        elif detector == "syntax":
+        elif target == "dependents":
             for row, meta in enumerate(batch.meta):
                 for dep, _, rel in meta["arcs"]:
                     if rel == relation:
                         mask[row, (meta["to_word"][:, dep] > 0).nonzero().flatten()] = True
             what = f"the {relation} dependents' tokens"
-        elif detector == "coref":
+        elif target == "pronouns":
             for row, meta in enumerate(batch.meta):
                 mask[row, (meta["to_word"][:, 0] > 0).nonzero().flatten()] = True
             what = "the pronouns' tokens"
         else:
-            raise InputError(f"no verification defined for detector {detector}")
+            raise InputError(f"no token-loss verification for the target {target!r}")
         mask[:, 0] = False
         masks.append(mask[:, :length])
     return masks, what
@@ -251,9 +256,11 @@ def verify(
 ) -> list[Verification]:
     """For every table of a scan, ablate its top-k heads and k random same-layer heads.
 
-    previous-token, duplicate-token and induction are judged by the loss on the later copies of the
-    repeated random tokens; sink by the loss on the natural text; syntax by the loss on the
-    dependents' tokens and coreference by the loss on the pronouns' tokens, over their prompt sets.
+    Each table's role spec (``RoleSpec.verify``) says which tokens' loss to measure: previous-token,
+    duplicate-token and induction the later copies of the repeated random tokens; sink the natural
+    text; syntax the dependents' tokens and coreference the pronouns' tokens, over their prompt
+    sets. Circuit tables are left to their own checks; descriptive tables name no role to check;
+    a table whose spec defines no check gets a note in the report.
     """
     if not (loaded.is_causal and loaded.has_lm_head):
         raise InputError("--verify measures next-token loss, so it needs a causal language model")
@@ -263,27 +270,31 @@ def verify(
             index=False, name=None
         )
     )
-    # Token-level tables are always checked; syntax and coref tables only when a head earned the role,
-    # since every check costs (1 + draws) forward passes over the prompt set.
-    groups = [
-        s
-        for s in report.sections
-        if s.n >= min_n
-        and s.data in report.inputs
-        and s.detector not in CIRCUIT_CHECKED
-        and (
-            s.detector not in {"syntax", "coref", "ioi", "retrieval"}
-            or (s.data, s.detector, s.relation, s.direction) in with_role
-        )
-    ]
+    groups = []
+    for s in report.sections:
+        if s.n < min_n or s.data not in report.inputs:
+            continue
+        spec = role_spec(s.detector, s.relation)
+        if spec is not None and spec.kind == "descriptive":
+            continue
+        target = spec.verify if spec is not None else None
+        if target is None:
+            name = " · ".join(part for part in (s.data, s.detector, s.relation, s.direction) if part)
+            note = f"verify: no causal check is defined for {name}"
+            if note not in report.notes:
+                report.notes.append(note)
+        elif target in TOKEN_TARGETS and (
+            target in ALWAYS_CHECKED or (s.data, s.detector, s.relation, s.direction) in with_role
+        ):
+            groups.append((s, target))
     rng = random.Random(seed)
     advance = progress("verify", len(groups)) if progress else None
     # Choose every table's heads and controls first, so that mean ablation can take each source's
     # set-wide head means in one calibration pass.
     plans = []
-    for section in groups:
+    for section, target in groups:
         # The token-level roles are judged where they act: in-context copying of repeated tokens.
-        source = "repeated-tokens" if section.detector in REPEAT_JUDGED else section.data
+        source = "repeated-tokens" if target == "later-copies" else section.data
         if source not in report.inputs:
             continue
         rows = table[
@@ -294,20 +305,20 @@ def verify(
         ].sort_values("score", ascending=False)
         heads = [(int(r.layer), int(r.head)) for r in rows.head(k).itertuples()]
         controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
-        plans.append((section, source, rows, heads, controls))
+        plans.append((section, target, source, rows, heads, controls))
     means: dict[str, dict[Head, torch.Tensor]] = {}
     if mode == "mean":
-        for source in dict.fromkeys(plan[1] for plan in plans):
-            wanted = [h for plan in plans if plan[1] == source for h in [*plan[3], *sum(plan[4], [])]]
+        for source in dict.fromkeys(plan[2] for plan in plans):
+            wanted = [h for plan in plans if plan[2] == source for h in [*plan[4], *sum(plan[5], [])]]
             means[source] = capture.head_output_means(loaded, report.inputs[source], wanted)
     clean_cache: dict[str, list[torch.Tensor]] = {}
     out = []
-    for section, source, rows, heads, controls in plans:
+    for section, target, source, rows, heads, controls in plans:
         batches = report.inputs[source]
         if source not in clean_cache:
             clean_cache[source] = _token_losses(loaded, batches, None)
         source_means = means.get(source)
-        masks, what = _target_masks(batches, section.data, section.detector, section.relation, report.repeat)
+        masks, what = _target_masks(batches, section.data, target, section.relation, report.repeat)
         clean, count = _mean_loss(clean_cache[source], masks)
         topk, _ = _mean_loss(
             _token_losses(loaded, batches, capture.Ablation.of(heads, mode, source_means)), masks

@@ -1,8 +1,12 @@
-"""The detector registry: every head role headscope knows, keyed by name."""
+"""The detector registry: every head role headscope knows, keyed by name.
+
+A new attention-pattern role is one detector module (the class, with its RoleSpec), one line here,
+and its test: the role rule, the role map, the legends and ``--verify`` read the spec from here.
+"""
 
 from __future__ import annotations
 
-from headscope.detectors.base import Detector, DetectorResult
+from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
 from headscope.detectors.coref import CorefDetector
 from headscope.detectors.induction import DuplicateTokenDetector, InductionDetector
@@ -35,4 +39,4 @@ def create(names: list[str] | None = None) -> list[Detector]:
     return [REGISTRY[n]() for n in chosen]
 
 
-__all__ = ["REGISTRY", "Detector", "DetectorResult", "create"]
+__all__ = ["REGISTRY", "Detector", "DetectorResult", "RoleSpec", "create"]

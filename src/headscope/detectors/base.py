@@ -21,6 +21,7 @@ score = sums.sum(0) / counts.sum() and baseline = baseline_sums.sum(0) / counts.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -28,6 +29,7 @@ import torch
 
 from headscope.capture import Batch
 from headscope.models import HeadLayout
+from headscope.rolespec import RoleSpec
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits", "positions"]
 Source = Literal["text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval"]
@@ -85,13 +87,31 @@ class DetectorResult:
 
 
 class Detector(ABC):
-    """One head role. Subclasses set the class attributes and implement ``update``."""
+    """One head role. Subclasses set the class attributes and implement ``update``.
+
+    The role's facts (label, meaning, colour, style, data, verification target) are declared here,
+    with the detector: ``role`` is the spec of every table the detector reports; ``roles`` gives
+    one per relation where relations name different roles (syntax, IOI). Registering the class in
+    ``headscope.detectors.REGISTRY`` is all the role map, the legends and ``--verify`` need.
+    """
 
     name: ClassVar[str]
     summary: ClassVar[str]
     needs: ClassVar[frozenset[Need]] = frozenset({"tokens"})
     default_source: ClassVar[Source] = "text"
     baseline_kind: ClassVar[str] = "uniform"
+    role: ClassVar[RoleSpec | None] = None
+    roles: ClassVar[Mapping[str, RoleSpec]] = {}
+
+    @classmethod
+    def role_spec(cls, relation: str) -> RoleSpec | None:
+        """The spec of this detector's table for ``relation`` (None: the detector declares none)."""
+        return cls.roles.get(relation, cls.role)
+
+    @classmethod
+    def role_specs(cls) -> list[RoleSpec]:
+        """Every spec the detector declares (the lookup by label reads these)."""
+        return [spec for spec in (cls.role, *cls.roles.values()) if spec is not None]
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
         self.layout = layout

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from headscope.capture import Batch
-from headscope.detectors.base import Detector, DetectorResult
+from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.models import HeadLayout
 
 IOI_TARGETS = ("io", "s1", "s2")
@@ -31,6 +31,44 @@ class IOIAttentionDetector(Detector):
     default_source = "ioi"
     needs = frozenset({"tokens", "positions"})  # positions the analysis puts in each row's meta
     baseline_kind = "uniform"
+    # The attention table describes where the heads look (it feeds the name-mover test); the DLA
+    # and path-patching tables (headscope.capture.dla, analyses.ioi) name the roles, and the whole
+    # circuit is checked by the logit difference with the name movers ablated.
+    roles = {
+        "attention": RoleSpec(
+            "ioi",
+            "attention from the last token to IO, S1 and S2",
+            data="IOI prompts",
+            kind="descriptive",
+        ),
+        "dla": RoleSpec(
+            "nm",
+            "name mover (writes IO)",
+            "#1c7ed6",
+            "bold blue",
+            data="IOI prompts",
+            verify="logit-difference",
+            kind="signed",
+            negative=RoleSpec(
+                "neg",
+                "negative name mover (writes against IO)",
+                "#364fc7",
+                "blue",
+                data="IOI prompts",
+                verify="logit-difference",
+                kind="signed",
+            ),
+        ),
+        "s-inhibition": RoleSpec(
+            "sinh",
+            "S-inhibition (steers name movers off S)",
+            "#0ca678",
+            "bold cyan",
+            data="IOI prompts",
+            verify="logit-difference",
+            kind="signed",
+        ),
+    }
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
         super().start(layout, n_examples)
@@ -80,6 +118,14 @@ class RetrievalDetector(Detector):
     default_source = "retrieval"
     needs = frozenset({"tokens", "positions"})
     baseline_kind = "uniform"
+    role = RoleSpec(
+        "retr",
+        "retrieval head (copies the needle)",
+        "#f59f00",
+        "bold yellow",
+        data="needle-in-a-haystack prompts",
+        verify="needle-accuracy",
+    )
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
         super().start(layout, n_examples)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headscope.capture import Batch
-from headscope.detectors.base import DetectorResult
+from headscope.detectors.base import DetectorResult, RoleSpec
 from headscope.detectors.words import WordLevelDetector
 
 
@@ -23,6 +23,14 @@ class CorefDetector(WordLevelDetector):
     needs = frozenset({"coref"})
     default_source = "coref"
     baseline_kind = "nearest-candidate"
+    role = RoleSpec(
+        "coref",
+        "pronoun → antecedent (指代)",
+        "#2f9e44",
+        "bold green",
+        data="pronouns with candidate antecedents",
+        verify="pronouns",
+    )
 
     def start(self, layout, n_examples):  # noqa: ANN001
         super().start(layout, n_examples)

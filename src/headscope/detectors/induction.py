@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from headscope.capture import Batch
-from headscope.detectors.base import Detector
+from headscope.detectors.base import Detector, RoleSpec
 
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, queries, keys), sparse
 
@@ -66,6 +66,9 @@ class DuplicateTokenDetector(Detector):
     name = "duplicate-token"
     summary = "attention from a token to its earlier occurrences, summed, over tokens seen before"
     default_source = "repeated-tokens"
+    role = RoleSpec(
+        "dup", "duplicate-token", "#da77f2", "magenta", data="repeated random tokens", verify="later-copies"
+    )
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         _pool(self, layer, attn, batch, q_start, batch.earlier_same_token_pairs)
@@ -75,6 +78,9 @@ class InductionDetector(Detector):
     name = "induction"
     summary = "attention from a repeated token to the tokens that followed its earlier occurrences"
     default_source = "repeated-tokens"
+    role = RoleSpec(
+        "ind", "induction", "#f03e3e", "bold red", data="repeated random tokens", verify="later-copies"
+    )
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         _pool(self, layer, attn, batch, q_start, induction_targets(batch))

@@ -5,13 +5,23 @@ from __future__ import annotations
 import torch
 
 from headscope.capture import Batch
-from headscope.detectors.base import Detector
+from headscope.detectors.base import Detector, RoleSpec
+
+PREVIOUS_TOKEN_ROLE = RoleSpec(
+    "prev", "previous-token", "#4dabf7", "cyan", data="natural text", verify="later-copies"
+)
+# The resting state (sink is muted in both reports): a head parks attention on the first token when
+# its own pattern is absent, so the role rule counts sink only where no other role qualifies.
+SINK_ROLE = RoleSpec(
+    "sink", "attention sink (position 0)", "#e9ecef", "dim", data="natural text", verify="text"
+)
 
 
 class PreviousTokenDetector(Detector):
     name = "previous-token"
     summary = "attention from position i to i-1, averaged over positions whose previous token is not special"
     default_source = "text"
+    role = PREVIOUS_TOKEN_ROLE
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         first, stop = max(q_start, 1), q_start + attn.shape[2]
@@ -36,6 +46,7 @@ class SinkDetector(Detector):
     name = "sink"
     summary = "mean attention to position 0 (BOS/CLS when the tokenizer adds one), from every later position"
     default_source = "text"
+    role = SINK_ROLE
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         stop = q_start + attn.shape[2]

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 import torch
 
 from headscope.capture import Batch
-from headscope.detectors.base import DetectorResult
+from headscope.detectors.base import DetectorResult, RoleSpec
 from headscope.detectors.words import WordLevelDetector, word_maps
 from headscope.models import HeadLayout
+from headscope.rolespec import PLAIN_COLOR
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_RELATIONS = ("nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark")
@@ -55,12 +56,49 @@ RELATION_NAMES = {
 }
 
 
+def relation_role(
+    relation: str, label: str | None = None, meaning: str | None = None, color: str = PLAIN_COLOR
+) -> RoleSpec:
+    """The role of one relation's tables: labelled by the relation's first five letters unless named,
+    explained by its plain-language name (where the label is a key of RELATION_NAMES)."""
+    label = label or relation[:5]
+    return RoleSpec(
+        label,
+        meaning or RELATION_NAMES.get(label, label),
+        color,
+        data="dependency-parsed sentences (CoNLL-U)",
+        verify="dependents",
+    )
+
+
+# Every named relation has its role, so the legends find its label; the ones below have a label, a
+# legend text or an HTML colour of their own. A relation not named here gets relation_role's
+# defaults. ("coref" in RELATION_NAMES names the coreference table; that role is the coref detector's.)
+RELATION_ROLES = {
+    **{relation: relation_role(relation) for relation in RELATION_NAMES if relation != "coref"},
+    "nsubj": relation_role("nsubj", "subj", "nsubj, subject–verb (主谓)", "#fab005"),
+    "obj": relation_role("obj", meaning="obj, verb–object (动宾)", color="#fd7e14"),
+    "det": relation_role("det", color="#74c0fc"),
+    "amod": relation_role("amod", color="#a9e34b"),
+    "advmod": relation_role("advmod", "adv", "advmod, adverb–modified word", "#ffa8a8"),
+    "aux": relation_role("aux", color="#63e6be"),
+    "case": relation_role("case", color="#b197fc"),
+    "mark": relation_role("mark", color="#ffd43b"),
+    "clf": relation_role("clf", color="#e599f7"),
+}
+
+
 class SyntaxDetector(WordLevelDetector):
     name = "syntax"
     summary = "accuracy of the most-attended word (self excluded) against the gold dependency"
     needs = frozenset({"words", "arcs"})
     default_source = "treebank"
     baseline_kind = "positional"
+    roles = RELATION_ROLES
+
+    @classmethod
+    def role_spec(cls, relation: str) -> RoleSpec:
+        return cls.roles.get(relation) or relation_role(relation)
 
     def __init__(self, relations: Sequence[str] = DEFAULT_RELATIONS, max_offset: int = 5) -> None:
         self.relations = list(dict.fromkeys(relations))

@@ -465,71 +465,15 @@ def print_ablation(result: AblationResult, console: Console) -> None:
     )
 
 
-ROLE_MEANINGS = {
-    "prev": "previous-token",
-    "dup": "duplicate-token",
-    "ind": "induction",
-    "sink": "attention sink (position 0)",
-    "coref": "pronoun → antecedent (指代)",
-    "subj": "nsubj, subject–verb (主谓)",
-    "obj": "obj, verb–object (动宾)",
-    "adv": "advmod, adverb–modified word",
-    "retr": "retrieval head (copies the needle)",
-    "nm": "name mover (writes IO)",
-    "neg": "negative name mover (writes against IO)",
-    "sinh": "S-inhibition (steers name movers off S)",
-    "copy": "copying OV circuit (raises the token it reads)",
-    "supp": "copy suppression (lowers the token it reads)",
-    "succ": "successor (Monday → Tuesday, 一 → 二)",
-}
-# The HTML report's colours (sink is the muted resting state).
-ROLE_COLORS = {
-    "prev": "#4dabf7",
-    "dup": "#da77f2",
-    "ind": "#f03e3e",
-    "sink": "#e9ecef",
-    "coref": "#2f9e44",
-    "subj": "#fab005",
-    "obj": "#fd7e14",
-    "det": "#74c0fc",
-    "amod": "#a9e34b",
-    "adv": "#ffa8a8",
-    "aux": "#63e6be",
-    "case": "#b197fc",
-    "mark": "#ffd43b",
-    "clf": "#e599f7",
-    "retr": "#f59f00",
-    "nm": "#1c7ed6",
-    "neg": "#364fc7",
-    "sinh": "#0ca678",
-    "copy": "#37b24d",
-    "supp": "#c92a2a",
-    "succ": "#e8590c",
-}
-ROLE_STYLES = {
-    "prev": "cyan",
-    "dup": "magenta",
-    "ind": "bold red",
-    "sink": "dim",
-    "coref": "bold green",
-    "retr": "bold yellow",
-    "nm": "bold blue",
-    "neg": "blue",
-    "copy": "green",
-    "supp": "red",
-    "succ": "yellow",
-    "sinh": "bold cyan",
-}
-
-
 def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     """Layers × heads grid, each head labelled with its strongest role, then a legend."""
-    from headscope.verdicts.roles import head_roles
+    from headscope.verdicts.roles import RESTING_ROLE, head_roles, spec_for_label
 
     heads = head_roles(report.table)
     n_layers = int(heads.layer.max()) + 1
     n_heads = int(heads["head"].max()) + 1
     grid = {(int(r.layer), int(r.head)): r.role for r in heads.itertuples()}
+    specs = {label: spec_for_label(label) for label in set(grid.values()) if label}
     console.print(f"[bold]role map[/bold]: {report.model}, strongest role per head (blank: none)")
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     table.add_column("layer", justify="right")
@@ -541,7 +485,7 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
         cells = []
         for head in range(n_heads):
             role = grid.get((layer, head), "")
-            style = ROLE_STYLES.get(role, "yellow")
+            style = specs[role].style if role else ""
             cells.append(f"[{style}]{role}[/{style}]" if role else "·")
         is_global = marked and layer in layout.global_layers  # type: ignore[union-attr]
         table.add_row(f"L{layer}{' G' if is_global else ''}", *cells)
@@ -551,12 +495,10 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
             f"G: global attention layer; the others attend within a sliding window of {layout.window} tokens"  # type: ignore[union-attr]
         )
     used = sorted({r for r in grid.values() if r})
-    legend = "; ".join(
-        f"{label} = {ROLE_MEANINGS.get(label, RELATION_NAMES.get(label, label))}" for label in used
-    )
-    working = heads[(heads.role != "") & (heads.role != "sink")]
+    legend = "; ".join(f"{label} = {specs[label].meaning}" for label in used)
+    working = heads[(heads.role != "") & (heads.role != RESTING_ROLE)]
     counts = working.role.value_counts()
-    sinks = int((heads.role == "sink").sum())
+    sinks = int((heads.role == RESTING_ROLE).sum())
     console.print(f"legend: {legend}" if legend else "no head qualifies for any role")
     console.print(
         f"{len(working)} of {len(heads)} heads have a role "

@@ -171,7 +171,7 @@ def build(
     command: str = "",
 ) -> dict[str, Any]:
     """The report's data from a result dictionary (``report_json`` output)."""
-    from headscope.outputs.report import RELATION_NAMES, ROLE_COLORS, ROLE_MEANINGS
+    from headscope.verdicts.roles import RESTING_ROLE, spec_for_label
 
     rows = pd.DataFrame(result["rows"])
     for column in ("data", "detector", "relation", "direction", "role"):
@@ -200,7 +200,7 @@ def build(
     used = list(dict.fromkeys(r["role"] for r in roles if r.get("role")))
     held = list(dict.fromkeys(rows.loc[rows["role"] != "", "role"]))
     labels = list(dict.fromkeys([*used, *held]))
-    labels.sort(key=lambda label: (label == "sink", label))
+    labels.sort(key=lambda label: (label == RESTING_ROLE, label))
     datasets = list(
         {
             s["data"]: {"data": s["data"], "description": s.get("description", "")}
@@ -216,12 +216,8 @@ def build(
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "datasets": datasets,
         "roles": [
-            {
-                "label": label,
-                "meaning": ROLE_MEANINGS.get(label, RELATION_NAMES.get(label, label)),
-                "color": ROLE_COLORS.get(label, "#9aa5b1"),
-            }
-            for label in labels
+            {"label": label, "meaning": spec.meaning, "color": spec.color}
+            for label, spec in {label: spec_for_label(label) for label in labels}.items()
         ],
         "heads": _heads(rows, roles, tables, layers, heads),
         "tables": tables,
@@ -233,12 +229,14 @@ def build(
 
 def _strongest(rows: pd.DataFrame) -> list[dict[str, Any]]:
     """Strongest role per head when a result carries no role table: largest share of headroom."""
+    from headscope.verdicts.roles import RESTING_ROLE
+
     held = rows[rows["role"] != ""].copy()
     if held.empty:
         return []
     base = held["baseline"].fillna(0.0).astype(float)
     held["strength"] = (held["score"].astype(float) - base) / (1.0 - base).clip(lower=1e-9)
-    held["resting"] = held["role"] == "sink"
+    held["resting"] = held["role"] == RESTING_ROLE
     held = held.sort_values(["resting", "strength"], ascending=[True, False]).drop_duplicates(
         ["layer", "head"]
     )

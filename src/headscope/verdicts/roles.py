@@ -15,6 +15,10 @@ headroom above its reference, ``(score - reference) / (1 - reference)``. "sink" 
 a head has no other role: parking attention on the first token is what heads do when their
 pattern is absent (an induction head on text without repeats is a sink head), so it is the
 resting state, not a job.
+
+What each role is (label, meaning, colour, style, verification target) is declared where the role is
+defined: a detector's ``role``/``roles`` (``headscope.detectors``), the weights tables' ``ROLES``
+(``headscope.weights.summaries``). :func:`role_spec` and :func:`spec_for_label` look them up.
 """
 
 from __future__ import annotations
@@ -24,29 +28,41 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from headscope import detectors
+from headscope.detectors.positional import SINK_ROLE
+from headscope.rolespec import RoleSpec
 from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
-
-DETECTOR_LABELS = {
-    "previous-token": "prev",
-    "duplicate-token": "dup",
-    "induction": "ind",
-    "sink": "sink",
-    "coref": "coref",
-    "retrieval": "retr",
-}
-RELATION_LABELS = {"nsubj": "subj", "advmod": "adv"}
-# Roles read from the weights (detector "weights"), by relation.
-WEIGHT_LABELS = {"copying": "copy", "suppression": "supp", "successor": "succ"}
+from headscope.weights import summaries as weights_tables
 
 GROUP = ["data", "detector", "relation", "direction"]
-RESTING_ROLE = "sink"
+RESTING_ROLE = SINK_ROLE.label
 
 
-# Tables that describe without naming a role (the IOI heads' attention feeds the DLA roles).
-# The eigenvalue copying score saturates on some models (see the README) and names no role either.
-DESCRIPTIVE = {("ioi", "attention"), ("weights", "eigenvalue")}
-# Signed scores, in their own units, tested against 0 both ways: (label above 0, label below 0).
-SIGNED = {("ioi", "dla"): ("nm", "neg"), ("ioi", "s-inhibition"): ("sinh", None)}
+def role_spec(detector: str, relation: str) -> RoleSpec | None:
+    """The spec of a table's role, from the detector registry or the weights tables (None: unknown)."""
+    if detector == weights_tables.DETECTOR:
+        return weights_tables.ROLES.get(relation)
+    cls = detectors.REGISTRY.get(detector)
+    return cls.role_spec(relation) if cls is not None else None
+
+
+def role_specs() -> dict[str, RoleSpec]:
+    """Every role a head can be given, by label (first declared wins; descriptive tables name none)."""
+    declared = [spec for cls in detectors.REGISTRY.values() for spec in cls.role_specs()]
+    declared += list(weights_tables.ROLES.values())
+    index: dict[str, RoleSpec] = {}
+    for spec in declared:
+        if spec.kind == "descriptive":
+            continue
+        for labelled in spec.labels():
+            index.setdefault(labelled.label, labelled)
+    return index
+
+
+def spec_for_label(label: str) -> RoleSpec:
+    """The spec behind a role label; a label nobody declared (a syntax relation outside the named
+    ones) gets a plain spec: the label as its meaning, the default colour and style."""
+    return role_specs().get(label) or RoleSpec(label, label)
 
 
 @dataclass(frozen=True)
@@ -70,11 +86,14 @@ class RoleRule:
 
 
 def role_label(detector: str, relation: str) -> str:
-    if detector == "syntax":
-        return RELATION_LABELS.get(relation, relation[:5])
-    if detector == "weights":
-        return WEIGHT_LABELS.get(relation, relation[:5])
-    return DETECTOR_LABELS.get(detector, detector[:5])
+    """The label of a table's role (the sweep summary's ``role`` column).
+
+    A signed table names its role by the score's sign (``RoleSpec.labels()``: nm above 0, neg
+    below), so the table as a whole goes by its detector's first five letters, as does a detector
+    nobody registered.
+    """
+    spec = role_spec(detector, relation)
+    return spec.label if spec is not None and spec.kind != "signed" else detector[:5]
 
 
 def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFrame:
@@ -86,11 +105,13 @@ def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFr
     table["role"] = ""
     for _, index in table.groupby(GROUP, sort=False).groups.items():
         group = table.loc[index]
-        kind = (group.iloc[0]["detector"], group.iloc[0]["relation"])
-        if kind in DESCRIPTIVE:
+        first = group.iloc[0]
+        spec = role_spec(first["detector"], first["relation"])
+        if spec is not None and spec.kind == "descriptive":
             continue
-        if kind in SIGNED:
-            _signed_roles(table, index, rule, SIGNED[kind])
+        if spec is not None and spec.kind == "signed":
+            below = spec.negative.label if spec.negative is not None else None
+            _signed_roles(table, index, rule, (spec.label, below))
             continue
         baseline = group["role_null"].astype(float)
         p = one_sided_p(
@@ -104,10 +125,9 @@ def assign_roles(table: pd.DataFrame, rule: RoleRule | None = None) -> pd.DataFr
             & (group["ci_low"] >= baseline + rule.margin)
             & (p_adj < rule.alpha)
         )
-        first = group.iloc[0]
-        label = role_label(first["detector"], first["relation"])
         table.loc[index, "p_adj"] = p_adj
         table.loc[index, "strength"] = strength.to_numpy()
+        label = role_label(first["detector"], first["relation"])
         table.loc[index, "role"] = np.where(qualifies.to_numpy(), label, "")
     return table
 
