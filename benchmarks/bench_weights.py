@@ -18,7 +18,7 @@ import torch
 
 from headscope.analyses.weights import weights
 from headscope.models import load
-from headscope.weights.ov import Candidates, Circuits, ordinary_ids, rank_tests
+from headscope.weightroles.ov import Candidates, Circuits, ordinary_ids, rank_tests
 
 
 def dense(values, w_o, unembed, own, candidates, k):  # noqa: ANN001, ANN201

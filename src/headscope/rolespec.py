@@ -1,12 +1,12 @@
 """What one head role is, declared where the role is defined.
 
 Each detector declares its roles' specs as class attributes in its own module (``detectors/``);
-the roles read from the weights alone declare theirs in ``weights/summaries.py``. One lookup over
+the roles read from the weights alone declare theirs in ``weightroles/summaries.py``. One lookup over
 all of them, :func:`headscope.verdicts.roles.role_spec` (by table) and
 :func:`headscope.verdicts.roles.spec_for_label` (by label), feeds the role rule, the role map,
 the HTML legend, the sweep summary and ``scan --verify``.
 
-This module imports nothing of headscope: ``detectors/`` and ``weights/`` are siblings of one
+This module imports nothing of headscope: ``detectors/`` and ``weightroles/`` are siblings of one
 layer and may not import each other, so the record they both use sits in the leaf.
 """
 

@@ -28,7 +28,7 @@ LAYERS: list[tuple[int, list[str]]] = [
     # capture takes its model duck-typed; models decide the capture mode without importing it
     # (capture.prepared switches the attention implementation when an analysis runs).
     (2, ["capture"]),
-    (3, ["detectors", "weights"]),
+    (3, ["detectors", "weightroles"]),
     (4, ["verdicts"]),
     (5, ["analyses"]),
     (6, ["outputs", "sweep"]),

@@ -12,7 +12,7 @@ import pytest
 from headscope.data.ordinal import OrdinalSet, OrdinalTask, load_ordinal
 from headscope.data.prompts import builtin
 from headscope.errors import PromptSetError
-from headscope.weights.tasks import ResolvedTask, continuation_prompts, resolve_tasks
+from headscope.weightroles.tasks import ResolvedTask, continuation_prompts, resolve_tasks
 
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
@@ -202,7 +202,7 @@ def test_duplicate_name_points_at_first(tmp_path: Path) -> None:
 
 def test_modules_are_torch_free() -> None:
     code = (
-        "import sys, headscope.data.ordinal, headscope.weights.tasks; "
+        "import sys, headscope.data.ordinal, headscope.weightroles.tasks; "
         "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -15,7 +15,7 @@ import headscope as hs
 from headscope.analyses.weights import weights
 from headscope.data.ordinal import load_ordinal
 from headscope.models import LoadedModel
-from headscope.weights.ov import Candidates, Circuits, rank_tests
+from headscope.weightroles.ov import Candidates, Circuits, rank_tests
 
 V = 64
 TASK = list(range(10, 20))  # token ids of the ordinal task w10 .. w19

@@ -16,7 +16,7 @@ from headscope.errors import InputError
 from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import RoleRule, assign_roles
-from headscope.weights.summaries import SUMMARIES
+from headscope.weightroles.summaries import SUMMARIES
 
 # progress(label, total) returns advance(n); the CLI draws a bar with it, tests pass None.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]

@@ -25,7 +25,7 @@ from headscope.models import LoadedModel
 from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
 from headscope.verdicts.stats import check_resamples
-from headscope.weights.ov import (
+from headscope.weightroles.ov import (
     Candidates,
     Circuits,
     Embedding,
@@ -35,8 +35,8 @@ from headscope.weights.ov import (
     rank_tests,
     successor_hits,
 )
-from headscope.weights.summaries import SUMMARIES
-from headscope.weights.tasks import ResolvedTask, continuation_prompts, resolve_tasks
+from headscope.weightroles.summaries import SUMMARIES
+from headscope.weightroles.tasks import ResolvedTask, continuation_prompts, resolve_tasks
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 

@@ -14,7 +14,7 @@ Members are in order: the successor of member ``i`` is member ``i + 1``, and the
 none (no wrap-around). Errors name file and line, as in :mod:`headscope.data.prompts`.
 
 No torch and no tokenizer here: which members are one token is resolved per model by
-:mod:`headscope.weights.tasks`.
+:mod:`headscope.weightroles.tasks`.
 """
 
 from __future__ import annotations

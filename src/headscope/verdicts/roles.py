@@ -18,7 +18,7 @@ resting state, not a job.
 
 What each role is (label, meaning, colour, style, verification target) is declared where the role is
 defined: a detector's ``role``/``roles`` (``headscope.detectors``), the weights tables' ``ROLES``
-(``headscope.weights.summaries``). :func:`role_spec` and :func:`spec_for_label` look them up.
+(``headscope.weightroles.summaries``). :func:`role_spec` and :func:`spec_for_label` look them up.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from headscope import detectors
 from headscope.detectors.positional import SINK_ROLE
 from headscope.rolespec import RoleSpec
 from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
-from headscope.weights import summaries as weights_tables
+from headscope.weightroles import summaries as weights_tables
 
 GROUP = ["data", "detector", "relation", "direction"]
 RESTING_ROLE = SINK_ROLE.label
