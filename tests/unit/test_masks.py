@@ -14,7 +14,7 @@ from conftest import word_tokenizer
 
 import headscope as hs
 from headscope import capture
-from headscope.detectors import create
+from headscope.detectors import REGISTRY, create
 from headscope.errors import RunFailure
 from headscope.models import LoadedModel
 
@@ -150,7 +150,8 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
     body = [torch.randint(3, 64, (13,), generator=gen).tolist() * 3 for _ in range(2)]
     rows = [[2, *b] for b in body]
     data = capture.make_batches(rows, [[True] + [False] * 39] * 2, batch_size=2, pad_id=0, is_causal=True)
-    names = ["previous-token", "sink", "duplicate-token", "induction"]
+    # Every token-level detector of the registry (those that read text or repeated random tokens).
+    names = [n for n, cls in REGISTRY.items() if cls.default_source in ("text", "repeated-tokens")]
     eager = scored(tiny_gemma("eager"), names, data)
     calls = []
     original = capture.stream._first_visible_key
