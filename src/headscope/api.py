@@ -15,11 +15,10 @@ also when the analysis fails. Its weights, device and dtype are never changed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from headscope.analyses import catalog  # noqa: F401  (registers the analyses)
 from headscope.analyses.protocol import ANALYSES, flag_of, get
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
+from headscope.outputs.progress import progress_option
 from headscope.result import AttentionMap, Result
 
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -51,9 +51,23 @@ def load(
     and as it is (``device``, ``dtype`` and ``device_map`` are for specs). ``capture`` is auto,
     stream or eager.
     """
+    if capture not in CAPTURES:
+        raise InputError(f"capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device is not None and device not in DEVICES:
+        raise InputError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if isinstance(model, LoadedModel):
-        if tokenizer is not None:
-            raise InputError("tokenizer= is for a model object; this model is already loaded with its own")
+        given = _given(
+            device=device, dtype=dtype, device_map=device_map, revision=revision, tokenizer=tokenizer
+        )
+        if capture != "auto":
+            given.append("capture")
+        if given:
+            raise InputError(
+                f"{', '.join(given)}: {model.name} is already loaded (capture={model.capture_mode})",
+                hint="pass them to hs.load when loading it",
+            )
         return model
     if isinstance(model, str | os.PathLike):
         if tokenizer is not None:
@@ -71,9 +85,7 @@ def load(
             device_map=device_map,
             revision=revision,
         )
-    given = [
-        n for n, v in (("device", device), ("dtype", dtype), ("device_map", device_map)) if v is not None
-    ]
+    given = _given(device=device, dtype=dtype, device_map=device_map, revision=revision)
     if given:
         raise InputError(
             f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model spec; a model object is "
@@ -83,6 +95,15 @@ def load(
     from headscope.models.wrap import wrap
 
     return wrap(model, tokenizer, capture=capture, name=name)  # type: ignore[arg-type]
+
+
+CAPTURES = ("auto", "stream", "eager")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def _given(**values: Any) -> list[str]:
+    return [name for name, value in values.items() if value is not None]
 
 
 def plan(analysis: str, **options: Any) -> tuple[Any, Any]:
@@ -116,6 +137,12 @@ def run(
 ) -> Result:
     """Run one analysis by name (``"scan"``, ``"induction"``, …); see ``hs.scan`` and friends."""
     chosen = get(analysis)
+    if planned is not None and options:
+        raise InputError(f"planned= already holds the options; drop {', '.join(sorted(options))}")
+    if not chosen.takes_capture and capture != "auto":
+        raise InputError(
+            f"{analysis} chooses its own capture (its per-head writes need streaming)", hint="drop capture="
+        )
     values, prepared = planned if planned is not None else plan(analysis, **options)
     loaded = load(
         model,
@@ -130,23 +157,11 @@ def run(
         on_loaded(loaded)
     from headscope.capture import prepared as borrowed
 
-    with _progress(progress) as advance, borrowed(loaded):
+    with progress_option(progress) as advance, borrowed(loaded):
         outcome = chosen.run(loaded, values, prepared, advance)
         if chosen.wants_verify(values):
             outcome.checks = list(chosen.verify(loaded, outcome, values, advance))
     return Result(analysis, outcome=outcome, options=values, loaded=loaded)
-
-
-@contextlib.contextmanager
-def _progress(progress: bool | Progress | None) -> Iterator[Progress | None]:
-    """True: a Rich progress bar (terminal or Jupyter); a callable: the caller's own; None: silent."""
-    if progress is True:
-        from headscope.outputs.progress import progress_bars
-
-        with progress_bars() as factory:
-            yield factory
-    else:
-        yield progress or None
 
 
 def _analysis_function(name: str) -> Callable[..., Result]:
@@ -245,8 +260,8 @@ def sweep(
     ``options`` are the analyses' own (``seq_len``, ``tokens``, ``resamples``, ``seed``, …); each
     analysis takes those it declares. Returns the sweep's result: ``table`` (sweep.csv),
     ``emergence()`` and ``across_models()``."""
-    from headscope.sweep.run import check_analyses
-    from headscope.sweep.run import sweep as run_sweep
+    from headscope.sweeps.run import check_analyses
+    from headscope.sweeps.run import sweep as run_sweep
 
     names = [a.strip() for a in (analyses.split(",") if isinstance(analyses, str) else analyses)]
     chosen = check_analyses(names)

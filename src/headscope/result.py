@@ -94,6 +94,8 @@ class Result:
                 rows[column] = np.nan
         for column in ("relation", "direction", "role", "data"):
             rows[column] = rows[column].fillna("")
+        for column in ("score", "baseline", "ci_low", "ci_high"):  # null in JSON is NaN here
+            rows[column] = pd.to_numeric(rows[column], errors="coerce").astype(float)
         return rows[CSV_COLUMNS]
 
     @property
@@ -203,9 +205,11 @@ class Result:
 
         if k is not None and k < 1:
             raise InputError(f"k must be at least 1, got {k}")
+        from headscope.outputs.progress import progress_option
+
         analysis = get(self.analysis)
-        with capture.prepared(self._loaded):
-            checks = analysis.verify(self._loaded, self._outcome, self._options, progress, k)
+        with progress_option(progress) as advance, capture.prepared(self._loaded):
+            checks = analysis.verify(self._loaded, self._outcome, self._options, advance, k)
         self._outcome.checks = list(checks)
         return list(checks)
 
@@ -256,7 +260,7 @@ class Result:
         if isinstance(source, dict):
             saved = source
         elif isinstance(source, Path) or not str(source).lstrip().startswith("{"):
-            from headscope.sweep.results import load_result
+            from headscope.sweeps.results import load_result
 
             saved = load_result(source, run)
         else:

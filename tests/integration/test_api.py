@@ -228,3 +228,53 @@ def test_every_analysis_is_one_function_with_the_clis_options():
             assert field.metadata["help"], f"{name}.{field.name} has no help text"
             assert parameters[field.name].default == field.default
             assert flag_of(field).split("/")[0] in help_text.stdout, f"{name}: {flag_of(field)}"
+
+
+def test_every_public_name_survives_the_subpackages():
+    """A subpackage named like an API function would shadow it once imported (hs.weights, hs.sweep)."""
+    import importlib
+    import pkgutil
+
+    import headscope
+
+    for module in pkgutil.walk_packages(headscope.__path__, "headscope."):
+        if not module.name.startswith("headscope.cli"):
+            importlib.import_module(module.name)
+    for name in headscope.__all__:
+        if name not in {"__version__", "Result", "HeadscopeError", "InputError"}:
+            assert callable(getattr(hs, name)) and not isinstance(getattr(hs, name), type(headscope)), name
+
+
+def test_option_values_are_checked_before_loading():
+    for options, message in (
+        ({"batch_size": 2.5}, "batch_size=2.5: expected int"),
+        ({"seed": None}, "seed=None: expected int"),
+        ({"weights": "no"}, "weights='no': expected bool"),
+        ({"alpha": 2.0}, "alpha=2.0: must be at most 1"),
+        ({"detectors": []}, "names no detector"),
+        ({"detectors": "nope"}, "nope"),
+    ):
+        with pytest.raises(InputError, match=re.escape(message)):
+            hs.scan("no-such-model-is-loaded", **options)
+    with pytest.raises(InputError, match="capture must be one of"):
+        hs.load("no-such-model", capture="bogus")
+    with pytest.raises(InputError, match="chooses its own capture"):
+        hs.ioi("no-such-model", capture="eager")
+    # An empty --detectors means all of them, as on the command line.
+    options, prepared = hs.plan("scan", detectors="")
+    assert prepared["names"] is None
+
+
+def test_a_loaded_model_keeps_its_settings(toy):
+    with pytest.raises(InputError, match="already loaded"):
+        hs.load(toy, capture="eager")
+    with pytest.raises(InputError, match="already loaded"):
+        hs.scan(toy, device="cpu", **FAST)
+
+
+def test_verify_with_progress_bars_and_table_checks_in_json(toy_result):
+    checks = toy_result.verify(k=1, progress=True)
+    assert checks
+    again = hs.Result.from_json(toy_result.to_json())
+    assert len(again.checks) == len(checks)
+    assert again.table.ci_low.dtype == float

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from headscope.sweep.run import sweep
-from headscope.sweep.summary import emergence
+from headscope.sweeps.run import sweep
+from headscope.sweeps.summary import emergence
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ LAYERS: list[tuple[int, list[str]]] = [
     (3, ["detectors", "weightroles"]),
     (4, ["verdicts"]),
     (5, ["analyses"]),
-    (6, ["outputs", "sweep"]),
+    (6, ["outputs", "sweeps"]),
     # The public Python API: headscope.result (Result) under headscope.api, whose functions
     # return Results; result never imports api.
     (7, ["result"]),
@@ -129,7 +129,7 @@ def test_every_import_is_seen():
         "from ..analyses import base\n"
         "from .views import heatmap\n"
         "def f():\n"
-        "    import headscope.sweep.store\n"
+        "    import headscope.sweeps.store\n"
         "    from headscope.cli import app\n"
     )
     assert imports(path, modules, source) == [
@@ -139,7 +139,7 @@ def test_every_import_is_seen():
         (2, "headscope.outputs.report"),
         (3, "headscope.analyses.base"),
         (4, "headscope.outputs.views"),
-        (6, "headscope.sweep.store"),
+        (6, "headscope.sweeps.store"),
         (7, "headscope.cli"),
     ]
 
@@ -149,7 +149,7 @@ def test_every_import_is_seen():
     [
         "headscope.analyses, headscope.outputs.report",
         "headscope.files, headscope.analyses.show, headscope.analyses.examples, headscope.outputs.views, "
-        "headscope.outputs.report_data, headscope.sweep.results, headscope.verdicts.heads",
+        "headscope.outputs.report_data, headscope.sweeps.results, headscope.verdicts.heads",
     ],
 )
 def test_the_core_imports_without_typer(modules):

@@ -13,7 +13,7 @@ from headscope.analyses.examples import MAX_EXAMPLE_TOKENS, attention_examples
 from headscope.errors import InputError
 from headscope.outputs import report
 from headscope.outputs import report_data as data
-from headscope.sweep.results import load_result
+from headscope.sweeps.results import load_result
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from headscope.errors import InputError
-from headscope.sweep.specs import expand, fingerprint
-from headscope.sweep.store import LOCK, Store, locked
+from headscope.sweeps.specs import expand, fingerprint
+from headscope.sweeps.store import LOCK, Store, locked
 
 TOY = Path(__file__).resolve().parents[1] / "toy" / "model"
 

@@ -57,3 +57,6 @@ __all__ = [
     "top_heads",
     "verify",
 ]
+
+# The analyses behind the API, the CLI and the sweep register themselves (analyses.protocol.ANALYSES).
+from headscope.analyses import catalog  # noqa: E402, F401, I001

@@ -103,6 +103,11 @@ class Scan(Analysis):
         if not 0.0 <= options.alpha <= 1.0:
             raise InputError(f"--alpha must be between 0 and 1, got {options.alpha}")
         names = split_names(options.detectors)
+        if names is not None and not names:
+            if isinstance(options.detectors, str) and not options.detectors.strip():
+                names = None  # --detectors "" means all, as it always did
+            else:
+                raise InputError("--detectors names no detector", hint="leave it out for all of them")
         weights = options.weights
         if names is not None:
             # "weights" names the weight-only roles; the rest are attention detectors.
@@ -287,6 +292,9 @@ class SyntaxOptions(Stats):
 
 class _TableChecked(Analysis):
     """Analyses whose tables ``Result.verify`` checks by token-loss ablation, as ``scan --verify`` does."""
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"verification": [c.to_json() for c in outcome.checks] or None}
 
     def verify(
         self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None

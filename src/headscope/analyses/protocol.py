@@ -19,8 +19,13 @@ The registry (:data:`ANALYSES`) serves the API (``hs.scan``, …), the CLI and t
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import types
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from headscope.errors import InputError
@@ -123,7 +128,13 @@ class Analysis:
                 f"{self.name}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
                 hint=f"known: {', '.join(sorted(known))}",
             )
-        return self.options(**values)
+        hints = typing.get_type_hints(self.options)
+        checked = {}
+        for declared in dataclasses.fields(self.options):
+            if declared.name in values:
+                name = declared.name
+                checked[name] = check_value(self.name, declared, hints[name], values[name])
+        return self.options(**checked)
 
     def check(self, options: Any) -> Any:
         check_common(options)
@@ -153,6 +164,68 @@ class Analysis:
         return []
 
 
+def _accepts(kind: Any, value: Any) -> tuple[bool, Any]:
+    """(whether ``value`` fits the annotation ``kind``, the value as the option holds it)."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        for member in typing.get_args(kind):
+            ok, converted = _accepts(member, value)
+            if ok:
+                return True, converted
+        return False, value
+    if kind is type(None):
+        return value is None, value
+    if kind is bool:
+        return isinstance(value, bool), value
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if kind is str:
+        return isinstance(value, str), value
+    if kind is Path:
+        return isinstance(value, str | os.PathLike), value
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            return False, value
+        (member,) = typing.get_args(kind) or (Any,)
+        converted = []
+        for item in value:
+            ok, item = _accepts(member, item) if member is not Any else (True, item)
+            if not ok:
+                return False, value
+            converted.append(item)
+        return True, converted
+    return True, value
+
+
+def _describe(kind: Any) -> str:
+    text = str(kind).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
+    return re.sub(r"<class '(\w+)'>", r"\1", text)
+
+
+def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any) -> Any:
+    """One option value checked against its annotation, range and choices: InputError naming it."""
+    ok, value = _accepts(kind, value)
+    where = f"{analysis}: {field.name}={value!r}"
+    if not ok:
+        raise InputError(
+            f"{where}: expected {_describe(kind)}", hint=f"{flag_of(field)}: {field.metadata['help']}"
+        )
+    meta = field.metadata
+    if meta.get("choices") and value not in meta["choices"]:
+        raise InputError(f"{where}: choose from {', '.join(meta['choices'])}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if meta.get("min") is not None and value < meta["min"]:
+            raise InputError(f"{where}: must be at least {meta['min']:g}")
+        if meta.get("max") is not None and value > meta["max"]:
+            raise InputError(f"{where}: must be at most {meta['max']:g}")
+    if meta.get("check") is not None and value is not None:
+        meta["check"](value)
+    return value
+
+
 def check_common(options: Any) -> None:
     """Checks every analysis shares: resamples, batch size, draws, ablation mode."""
     if hasattr(options, "resamples"):
@@ -179,8 +252,7 @@ def register(cls: type[Analysis]) -> type[Analysis]:
 
 
 def get(name: str) -> Analysis:
-    from . import catalog  # noqa: F401  (registers the analyses on first use)
-
+    """The registered analysis ``name`` (``headscope.analyses`` imports the catalog that registers them)."""
     if name not in ANALYSES:
         raise InputError(f"unknown analysis {name!r}", hint=f"choose from {', '.join(ANALYSES)}")
     return ANALYSES[name]

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -125,10 +126,21 @@ def _setup_logging(debug: bool) -> None:
         hf_logging.disable_progress_bar()
 
 
+_INTERRUPTED: list[int] = []  # signals received; checked between batches (see progress_bar)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def handle_errors(debug: bool) -> Iterator[None]:
     """Known errors become one line on stderr and exit 2 (input) or 1 (failure); Ctrl-C exits 130."""
     _setup_logging(debug)
+    previous = None
+    with contextlib.suppress(ValueError):  # not in the main thread (a test runner): keep Python's own
+        previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
     except NotApplicable as exc:  # nothing to score on this model: said plainly, not an error
@@ -152,6 +164,10 @@ def handle_errors(debug: bool) -> Iterator[None]:
             soft_wrap=True,
         )
         raise typer.Exit(1) from None
+    finally:
+        _INTERRUPTED.clear()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -159,7 +175,20 @@ def progress_bar() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     from headscope.outputs.progress import progress_bars
 
     with progress_bars(err) as factory:
-        yield factory
+
+        def checked(label: str, total: int) -> Callable[[int], None]:
+            advance = factory(label, total)
+
+            def step(n: int) -> None:
+                # A Ctrl-C whose KeyboardInterrupt Python swallowed (raised inside a finaliser or a
+                # callback that ignores exceptions) still stops the run at the next batch.
+                if _INTERRUPTED:
+                    raise KeyboardInterrupt
+                advance(n)
+
+            return step
+
+        yield checked
 
 
 def load_model(model: str, load: Load, capture: str = "auto", revision: str | None = None) -> Any:

@@ -82,7 +82,7 @@ def sweep_cmd(
     with handle_errors(debug.debug):
         import headscope.api as hs
         from headscope.outputs.sweeps import print_sweep
-        from headscope.sweep.run import check_analyses
+        from headscope.sweeps.run import check_analyses
 
         chosen = check_analyses(analysis.split(","))
         if png is not None:

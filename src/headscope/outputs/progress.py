@@ -32,3 +32,20 @@ def progress_bars(console: Console | None = None) -> Iterator[ProgressFactory]:
 
     with bar:
         yield factory
+
+
+@contextlib.contextmanager
+def progress_option(progress: bool | ProgressFactory | None) -> Iterator[ProgressFactory | None]:
+    """The API's ``progress=``: True draws Rich bars (terminal or Jupyter), a callable is the
+    caller's own ``factory(label, total) -> advance(n)``, None or False is silent."""
+    if progress is True:
+        with progress_bars() as factory:
+            yield factory
+    elif progress is None or progress is False:
+        yield None
+    elif callable(progress):
+        yield progress
+    else:
+        from headscope.errors import InputError
+
+        raise InputError(f"progress must be True, False, None or a callable, got {type(progress).__name__}")

@@ -1,7 +1,7 @@
 """The data an HTML report embeds: the verdict of a scan (or any analysis) as one JSON document.
 
 Built from a live :class:`~headscope.analyses.Report` (``scan --html``) or from a saved result
-(``scan --format json`` output or a sweep store, read by :mod:`headscope.sweep.results`). The
+(``scan --format json`` output or a sweep store, read by :mod:`headscope.sweeps.results`). The
 attention heatmaps of three small examples (English prose, repeated random tokens, a Chinese
 sentence) are computed by :mod:`headscope.analyses.examples` when the report is built, and embedded
 here as they come, one byte per weight.

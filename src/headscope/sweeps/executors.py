@@ -55,6 +55,10 @@ def _analyse(task: Task) -> dict[str, Any]:
 
     analysis = get(task["analysis"])
     declared = {f.name for f in dataclasses.fields(analysis.options)}
+    if analysis.name == "scan":
+        # The sweep's repeat options (--seq-len, …) are induction's; a scan in a sweep has always run
+        # the default protocol, and stores written so keep their meaning.
+        declared &= {"resamples", "seed"}
     options = analysis.make_options({k: v for k, v in task["options"].items() if k in declared})
     prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
