@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 runner = CliRunner()
 TOY = Path(__file__).resolve().parents[1] / "toy" / "model"
 FAST = ["--seq-len", "20", "--batch", "8", "--resamples", "200"]
+# Runs long enough (about 2 s each on the toy) that the SIGKILL lands between the first result and
+# the last; with FAST all three could finish inside one polling interval.
+KILLABLE = ["--seq-len", "20", "--batch", "3000", "--resamples", "200"]
 
 
 @pytest.fixture
@@ -47,7 +50,7 @@ def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path
     store = tmp_path / "store"
     env = dict(os.environ, NO_COLOR="1", PYTHONPATH=os.pathsep.join(sys.path))
     child = subprocess.Popen(
-        [sys.executable, "-m", "headscope.cli", "sweep", str(checkpoints), "--out", str(store), *FAST],
+        [sys.executable, "-m", "headscope.cli", "sweep", str(checkpoints), "--out", str(store), *KILLABLE],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -57,7 +60,7 @@ def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not list((store / "runs").glob("*.json")):
             assert child.poll() is None, "the sweep ended before it could be killed"
-            time.sleep(0.2)
+            time.sleep(0.05)
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
@@ -65,7 +68,7 @@ def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path
     assert 1 <= len(finished) < 3
     assert (store / ".lock").exists()  # left behind by the killed driver: stale, taken over below
 
-    result = invoke("sweep", checkpoints, "--out", store, *FAST)
+    result = invoke("sweep", checkpoints, "--out", store, *KILLABLE)
     assert result.exit_code == 0, result.stderr
     assert f"{3 - len(finished)} computed, {len(finished)} already in the store, 0 failed" in _summary(
         result.stdout
@@ -79,7 +82,7 @@ def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path
     data = bytearray(victim.read_bytes())
     data[10] ^= 0x01
     victim.write_bytes(bytes(data))
-    result = invoke("sweep", checkpoints, "--out", store, *FAST)
+    result = invoke("sweep", checkpoints, "--out", store, *KILLABLE)
     assert result.exit_code == 0, result.stderr
     assert "1 computed, 2 already in the store, 0 failed" in _summary(result.stdout)
     manifest = json.loads((store / "manifest.json").read_text())
