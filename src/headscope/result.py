@@ -108,7 +108,9 @@ class Result:
         saved = self._saved.get("roles") if self._saved else None
         if saved is not None:
             return pd.DataFrame(saved, columns=ROLES_CSV_COLUMNS)
-        return _roles_from_rows(self.table)
+        from headscope.verdicts.roles import roles_from_rows
+
+        return roles_from_rows(self.table)[ROLES_CSV_COLUMNS]
 
     @property
     def checks(self) -> list[Any]:
@@ -241,12 +243,9 @@ class Result:
     def to_csv(self, path: str | Path | None = None, *, roles: bool = False, force: bool = False) -> str:
         """The tidy table as CSV (``roles=True``: one row per head with its role); written atomically
         to ``path`` when given."""
-        if roles:
-            text = self.roles.to_csv(index=False, float_format="%.6g", lineterminator="\n")
-        else:
-            from headscope.outputs.report import table_csv
+        from headscope.outputs.report import table_csv
 
-            text = table_csv(self.table)
+        text = table_csv(self.roles, ROLES_CSV_COLUMNS) if roles else table_csv(self.table)
         if path is not None:
             from headscope.files import write_atomic
 
@@ -337,29 +336,6 @@ class Result:
         )
 
 
-def _roles_from_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """Roles of a saved result without a role table: each head's strongest qualifying row."""
-    held = table[table.role.fillna("") != ""].copy()
-    base = held.baseline.astype(float).fillna(0.0)
-    held["strength"] = (held.score.astype(float) - base) / (1.0 - base).clip(lower=1e-9)
-    held["resting"] = held.role == "sink"
-    held = held.sort_values(["resting", "strength"], ascending=[True, False])
-    best = held.drop_duplicates(["layer", "head"])
-    heads = table[["model", "layer", "head", "kv_group"]].drop_duplicates(["layer", "head"])
-    merged = heads.merge(best.drop(columns=["model", "kv_group"]), on=["layer", "head"], how="left")
-    counts = held.groupby(["layer", "head"]).size().rename("n_roles")
-    merged = merged.merge(counts, on=["layer", "head"], how="left")
-    merged["n_roles"] = merged["n_roles"].fillna(0).astype(int)
-    others = held.groupby(["layer", "head"])["role"].apply(lambda r: list(dict.fromkeys(r)))
-    merged["secondary"] = [
-        ";".join(r for r in others.get((a, b), []) if r != role)
-        for a, b, role in zip(merged.layer, merged["head"], merged.role.fillna(""), strict=True)
-    ]
-    merged["role"] = merged["role"].fillna("")
-    merged["p_adj"] = np.nan
-    return merged.sort_values(["layer", "head"]).reset_index(drop=True)[ROLES_CSV_COLUMNS]
-
-
 class AttentionMap:
     """What ``hs.show`` returns: one layer's attention on one text, for the heads asked for.
 
@@ -386,7 +362,10 @@ class AttentionMap:
         return pd.DataFrame(view_rows(self.view), columns=VIEW_COLUMNS)
 
     def to_csv(self, path: str | Path | None = None, *, force: bool = False) -> str:
-        text = self.table.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+        from headscope.outputs.report import table_csv
+        from headscope.outputs.views import VIEW_COLUMNS
+
+        text = table_csv(self.table, VIEW_COLUMNS)
         if path is not None:
             from headscope.files import write_atomic
 

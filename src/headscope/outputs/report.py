@@ -508,12 +508,6 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     )
 
 
-def roles_csv(report: Report) -> str:
-    from headscope.verdicts.roles import ROLES_CSV_COLUMNS, head_roles
-
-    return table_csv(head_roles(report.table), ROLES_CSV_COLUMNS)
-
-
 def print_verification(checks: list, console: Console, k: int, mode: str) -> None:
     """Each table's top-k ablation next to its score, against a random same-layer control."""
     console.print(

@@ -171,7 +171,7 @@ def build(
     command: str = "",
 ) -> dict[str, Any]:
     """The report's data from a result dictionary (``report_json`` output)."""
-    from headscope.verdicts.roles import RESTING_ROLE, spec_for_label
+    from headscope.verdicts.roles import RESTING_ROLE, roles_from_rows, spec_for_label
 
     rows = pd.DataFrame(result["rows"])
     for column in ("data", "detector", "relation", "direction", "role"):
@@ -195,8 +195,8 @@ def build(
     }
     tables = _tables(rows, result.get("sections", []))
     roles = result.get("roles")
-    if roles is None:
-        roles = _strongest(rows)
+    if roles is None:  # a result without its role table: each head's strongest row
+        roles = [r for r in roles_from_rows(rows).to_dict(orient="records") if r["role"]]
     used = list(dict.fromkeys(r["role"] for r in roles if r.get("role")))
     held = list(dict.fromkeys(rows.loc[rows["role"] != "", "role"]))
     labels = list(dict.fromkeys([*used, *held]))
@@ -225,22 +225,6 @@ def build(
         "notes": [str(n) for n in result.get("notes", [])],
         "examples": examples or [],
     }
-
-
-def _strongest(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """Strongest role per head when a result carries no role table: largest share of headroom."""
-    from headscope.verdicts.roles import RESTING_ROLE
-
-    held = rows[rows["role"] != ""].copy()
-    if held.empty:
-        return []
-    base = held["baseline"].fillna(0.0).astype(float)
-    held["strength"] = (held["score"].astype(float) - base) / (1.0 - base).clip(lower=1e-9)
-    held["resting"] = held["role"] == RESTING_ROLE
-    held = held.sort_values(["resting", "strength"], ascending=[True, False]).drop_duplicates(
-        ["layer", "head"]
-    )
-    return held.to_dict(orient="records")
 
 
 def layout_of(loaded: Any) -> dict[str, Any]:

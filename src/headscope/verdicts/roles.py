@@ -171,8 +171,23 @@ def _looks_at_io(table: pd.DataFrame, data: str, group: pd.DataFrame) -> np.ndar
 
 def head_roles(table: pd.DataFrame) -> pd.DataFrame:
     """One row per head: its strongest qualifying role (empty when none) and the score behind it."""
+    return _per_head(table, table[table["role"] != ""].copy())
+
+
+def roles_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """:func:`head_roles` for saved rows (a result JSON without its role table), which carry no
+    strength or adjusted p-value: strength is the share of headroom above the row's baseline."""
+    held = rows[rows["role"].fillna("") != ""].copy()
+    base = held["baseline"].astype(float).fillna(0.0)
+    held["strength"] = (held["score"].astype(float) - base) / (1.0 - base).clip(lower=1e-9)
+    if "p_adj" not in held:
+        held["p_adj"] = np.nan
+    return _per_head(rows, held)
+
+
+def _per_head(table: pd.DataFrame, qualified: pd.DataFrame) -> pd.DataFrame:
+    """Each head's strongest row of ``qualified`` (sink last), its role count and secondary roles."""
     heads = table[["model", "layer", "head", "kv_group"]].drop_duplicates(["layer", "head"])
-    qualified = table[table["role"] != ""].copy()
     qualified["resting"] = qualified["role"] == RESTING_ROLE
     qualified = qualified.sort_values(["resting", "strength"], ascending=[True, False])
     best = qualified.drop_duplicates(["layer", "head"])
