@@ -260,22 +260,13 @@ def sweep(
     ``options`` are the analyses' own (``seq_len``, ``tokens``, ``resamples``, ``seed``, …); each
     analysis takes those it declares. Returns the sweep's result: ``table`` (sweep.csv),
     ``emergence()`` and ``across_models()``."""
-    from headscope.sweeps.run import check_analyses
+    from headscope.analyses.protocol import split_names
     from headscope.sweeps.run import sweep as run_sweep
 
-    names = [a.strip() for a in (analyses.split(",") if isinstance(analyses, str) else analyses)]
-    chosen = check_analyses(names)
-    for name in chosen:  # every option is checked before any worker starts
-        declared = {f.name for f in dataclasses.fields(get(name).options)}
-        plan(name, **{k: v for k, v in options.items() if k in declared})
-    known = {f.name for name in chosen for f in dataclasses.fields(get(name).options)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InputError(f"sweep: options {', '.join(unknown)} belong to none of {', '.join(chosen)}")
     return run_sweep(
         [specs] if isinstance(specs, str) else list(specs),
         Path(out),
-        analyses=chosen,
+        analyses=split_names(analyses) or [],
         options=options,
         executor=executor,
         workers=workers,

@@ -48,6 +48,12 @@ class Check:
         return self.value.to_json()
 
 
+def _one_check(outcome: Outcome, kind: str) -> dict[str, Any] | None:
+    """The JSON of the analysis' one check of ``kind`` (None when it was not run)."""
+    check = next((c for c in outcome.checks if c.kind == kind), None)
+    return None if check is None else check.to_json()
+
+
 def _too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
     total = loaded.layout.n_layers * loaded.layout.n_heads
     if k > total // 2:
@@ -270,8 +276,7 @@ class Induction(Analysis):
         return [Check("induction", effect)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        effect = next((c.value for c in outcome.checks if c.kind == "induction"), None)
-        return {"ablation": None if effect is None else effect.to_json()}
+        return {"ablation": _one_check(outcome, "induction")}
 
 
 # --- syntax and coref -------------------------------------------------------------------------------
@@ -292,9 +297,6 @@ class SyntaxOptions(Stats):
 
 class _TableChecked(Analysis):
     """Analyses whose tables ``Result.verify`` checks by token-loss ablation, as ``scan --verify`` does."""
-
-    def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"verification": [c.to_json() for c in outcome.checks] or None}
 
     def verify(
         self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None
@@ -506,8 +508,7 @@ class Retrieval(Analysis):
         return [Check("retrieval", effect)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        effect = next((c.value for c in outcome.checks if c.kind == "retrieval"), None)
-        return {"ablation": None if effect is None else effect.to_json()}
+        return {"ablation": _one_check(outcome, "retrieval")}
 
 
 # --- ioi --------------------------------------------------------------------------------------------
@@ -581,8 +582,7 @@ class IOI(Analysis):
         return [Check("ioi", check)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        check = next((c for c in outcome.checks if c.kind == "ioi"), None)
-        return {"verification": None if check is None else check.to_json()}
+        return {"verification": _one_check(outcome, "ioi")}
 
 
 # --- weights ----------------------------------------------------------------------------------------
@@ -671,6 +671,3 @@ class Weights(Analysis):
             else:
                 checks.append(Check("successor", check))
         return checks
-
-    def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"verification": [c.to_json() for c in outcome.checks] or None}

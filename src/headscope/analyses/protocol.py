@@ -119,9 +119,17 @@ class Analysis:
     # Rendering: a blank line after each check (several checks in a row), the role map (scan).
     spaced_checks: ClassVar[bool] = False
 
+    def option_names(self) -> set[str]:
+        """The names of the options this analysis declares."""
+        return {f.name for f in dataclasses.fields(self.options)}
+
+    def take(self, values: dict[str, Any]) -> Any:
+        """Options from the values this analysis declares, the others left for other analyses (a sweep)."""
+        return self.make_options({k: v for k, v in values.items() if k in self.option_names()})
+
     def make_options(self, values: dict[str, Any]) -> Any:
         """Options from keyword arguments; an unknown name is an error that lists the known ones."""
-        known = {f.name for f in dataclasses.fields(self.options)}
+        known = self.option_names()
         unknown = sorted(set(values) - known)
         if unknown:
             raise InputError(
@@ -148,8 +156,9 @@ class Analysis:
         return bool(getattr(options, "verify", False))
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        """What the result JSON adds beyond the tidy rows (None values are left out)."""
-        return {}
+        """What the result JSON adds beyond the tidy rows (None values are left out): by default the
+        checks, as ``verification``."""
+        return {"verification": [c.to_json() for c in outcome.checks] or None}
 
     def verify(
         self,

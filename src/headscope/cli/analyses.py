@@ -31,9 +31,9 @@ from .common import (
     app,
     check_outputs,
     command_line,
-    err,
     handle_errors,
     run_analysis,
+    write_html,
     wrote,
 )
 from .params import command
@@ -66,9 +66,7 @@ def scan(
         if roles_csv is not None:
             wrote(files.write_atomic(roles_csv, result.to_csv(roles=True), "--roles-csv", emit.force))
         if html is not None:
-            document = result.html(command=command_line())
-            written = files.write_atomic(html, document, "--html", emit.force)
-            err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
+            write_html(html, result.html(command=command_line()), emit.force)
 
     run_analysis(
         "scan",

@@ -253,6 +253,11 @@ def write_output(
         err.print(f"wrote {emit.fmt} to {path}", soft_wrap=True)
 
 
+def write_html(path: Path, document: str, force: bool) -> None:
+    written = files.write_atomic(path, document, "--html", force)
+    err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
+
+
 def command_line() -> str:
     return "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 

@@ -29,6 +29,7 @@ from .common import (
     handle_errors,
     load_model,
     out,
+    write_html,
     write_output,
     wrote,
 )
@@ -166,10 +167,9 @@ def report_cmd(
             except HeadscopeError as exc:
                 notes.append(f"attention heatmaps left out: {exc}")
         document = saved.html(examples=examples, command=command_line(), notes=notes)
-        written = files.write_atomic(html, document, "--html", force)
         for note in notes:
             err.print(f"note: {note}", soft_wrap=True)
-        err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
+        write_html(html, document, force)
 
 
 # --- looking at one model ----------------------------------------------------------------------------

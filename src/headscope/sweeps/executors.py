@@ -46,20 +46,18 @@ def run_task(task: Task) -> Outcome:
 def _analyse(task: Task) -> dict[str, Any]:
     """One run: the analysis from the registry, with the options it declares (the sweep's others are
     for the other analyses)."""
-    import dataclasses
-
     from headscope.analyses.protocol import get
     from headscope.capture import prepared
     from headscope.models import load
     from headscope.verdicts.results import CSV_COLUMNS
 
     analysis = get(task["analysis"])
-    declared = {f.name for f in dataclasses.fields(analysis.options)}
+    values = task["options"]
     if analysis.name == "scan":
         # The sweep's repeat options (--seq-len, …) are induction's; a scan in a sweep has always run
         # the default protocol, and stores written so keep their meaning.
-        declared &= {"resamples", "seed"}
-    options = analysis.make_options({k: v for k, v in task["options"].items() if k in declared})
+        values = {k: v for k, v in values.items() if k in ("resamples", "seed")}
+    options = analysis.take(values)
     prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
     with prepared(loaded):

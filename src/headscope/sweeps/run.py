@@ -55,6 +55,18 @@ def check_analyses(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+def check_options(chosen: Sequence[str], options: dict[str, Any]) -> None:
+    """Every option is checked, by the analyses that declare it, before any worker starts."""
+    from headscope.analyses.protocol import get
+
+    for name in chosen:
+        analysis = get(name)
+        analysis.check(analysis.take(options))
+    unknown = sorted(set(options) - {o for name in chosen for o in get(name).option_names()})
+    if unknown:
+        raise InputError(f"sweep: options {', '.join(unknown)} belong to none of {', '.join(chosen)}")
+
+
 def sweep(
     specs: Sequence[str],
     out: str | Path,
@@ -73,6 +85,7 @@ def sweep(
     """Run every (target, analysis) the store does not already hold; return the whole store's result."""
     started = time.perf_counter()
     chosen = check_analyses(analyses)
+    check_options(chosen, options or {})
     if executor not in {"local", "ray"}:
         raise InputError(f"--executor must be local or ray, got {executor!r}")
     if workers < 1:
