@@ -29,8 +29,9 @@ from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
 LAYOUT = HeadLayout(n_layers=2, n_heads=3, n_kv_heads=3, head_dim=4, d_model=12, max_positions=None)
 
 
-def planted_previous_token_results(n_sequences: int = 24, length: int = 16, seed: int = 0):
-    """Head (1, 0) attends to the previous token with weight ~0.8; every other head is uniform."""
+def _planted(name: str, head: int, plant, n_sequences: int, length: int, seed: int):
+    """Detector ``name`` on random sequences: uniform causal attention everywhere except
+    ``plant(uniform, gen)`` in head ``head`` of layer 1. Returns (results, batch)."""
     gen = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(5, 500, (length,), generator=gen).tolist() for _ in range(n_sequences)]
     batch = make_batches(
@@ -38,20 +39,29 @@ def planted_previous_token_results(n_sequences: int = 24, length: int = 16, seed
     )[0]
     causal = torch.ones(length, length).tril()
     uniform = causal / causal.sum(-1, keepdim=True)
-    detector = create(["previous-token"])[0]
+    detector = create([name])[0]
     detector.start(LAYOUT, n_sequences)
     for layer in range(2):
         attn = uniform.expand(n_sequences, 3, length, length).clone()
         if layer == 1:
-            noise = 0.15 * torch.rand(n_sequences, length, generator=gen)
-            planted = torch.zeros(n_sequences, length, length)
-            idx = torch.arange(1, length)
-            planted[:, idx, idx - 1] = 0.8 + noise[:, 1:] - 0.075
-            planted[:, 1:, 0] += 1 - planted[:, 1:].sum(-1)
-            planted[:, 0, 0] = 1.0
-            attn[:, 0] = planted
+            attn[:, head] = plant(uniform, gen)
         detector.consume(layer, attn, batch)
-    return detector.results("synthetic")
+    return detector.results("synthetic"), batch
+
+
+def planted_previous_token_results(n_sequences: int = 24, length: int = 16, seed: int = 0):
+    """Head (1, 0) attends to the previous token with weight ~0.8; every other head is uniform."""
+
+    def plant(uniform, gen):
+        noise = 0.15 * torch.rand(n_sequences, length, generator=gen)
+        planted = torch.zeros(n_sequences, length, length)
+        idx = torch.arange(1, length)
+        planted[:, idx, idx - 1] = 0.8 + noise[:, 1:] - 0.075
+        planted[:, 1:, 0] += 1 - planted[:, 1:].sum(-1)
+        planted[:, 0, 0] = 1.0
+        return planted
+
+    return _planted("previous-token", 0, plant, n_sequences, length, seed)[0]
 
 
 def test_planted_interval_excludes_baseline_and_uniform_gets_no_role():
@@ -197,30 +207,20 @@ def skip_token_registered(monkeypatch):
 
 def planted_skip_token_results(n_sequences: int = 24, length: int = 16, seed: int = 0):
     """Head (1, 2) attends two tokens back with weight ~0.8; every other head is uniform."""
-    gen = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(5, 500, (length,), generator=gen).tolist() for _ in range(n_sequences)]
-    batch = make_batches(
-        seqs, [[False] * length] * n_sequences, batch_size=n_sequences, pad_id=0, is_causal=True
-    )[0]
-    causal = torch.ones(length, length).tril()
-    uniform = causal / causal.sum(-1, keepdim=True)
-    detector = create([SkipTokenDetector.name])[0]
-    detector.start(LAYOUT, n_sequences)
-    for layer in range(2):
-        attn = uniform.expand(n_sequences, 3, length, length).clone()
-        if layer == 1:
-            planted = torch.zeros(length, length)
-            planted[:2] = uniform[:2]
-            idx = torch.arange(2, length)
-            planted[idx, idx - 2] = 0.8
-            planted[idx, 0] += 0.2
-            noise = 0.1 * torch.rand(n_sequences, length, generator=gen)
-            head = planted.expand(n_sequences, length, length).clone()
-            head[:, idx, idx - 2] -= noise[:, 2:]
-            head[:, idx, 0] += noise[:, 2:]
-            attn[:, 2] = head
-        detector.consume(layer, attn, batch)
-    return detector.results("synthetic"), batch
+
+    def plant(uniform, gen):
+        planted = torch.zeros(length, length)
+        planted[:2] = uniform[:2]
+        idx = torch.arange(2, length)
+        planted[idx, idx - 2] = 0.8
+        planted[idx, 0] += 0.2
+        noise = 0.1 * torch.rand(n_sequences, length, generator=gen)
+        head = planted.expand(n_sequences, length, length).clone()
+        head[:, idx, idx - 2] -= noise[:, 2:]
+        head[:, idx, 0] += noise[:, 2:]
+        return head
+
+    return _planted(SkipTokenDetector.name, 2, plant, n_sequences, length, seed)
 
 
 def test_a_new_detector_needs_only_its_class_and_a_registry_line(skip_token_registered):
