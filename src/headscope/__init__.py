@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # pragma: no cover
         syntax,
         weights,
     )
+    from headscope.api.result import Result
     from headscope.errors import HeadscopeError, InputError
-    from headscope.result import Result
 
 
 def __getattr__(name: str) -> Any:
@@ -71,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "Result":
-        from headscope.result import Result
+        from headscope.api.result import Result
 
         return Result
     if name in ("HeadscopeError", "InputError"):

@@ -32,11 +32,9 @@ LAYERS: list[tuple[int, list[str]]] = [
     (4, ["verdicts"]),
     (5, ["analyses"]),
     (6, ["outputs", "sweeps"]),
-    # The public Python API: headscope.result (Result) under headscope.api, whose functions
-    # return Results; result never imports api.
-    (7, ["result"]),
-    (8, ["api"]),
-    (9, ["cli"]),
+    # The public Python API: headscope.api (its functions) and headscope.api.result (Result).
+    (7, ["api"]),
+    (8, ["cli"]),
 ]
 LEAF_MODULES = {"headscope", "headscope.errors", "headscope.files", "headscope.rolespec"}
 LEVEL = {group: level for level, groups in LAYERS for group in groups}

@@ -152,7 +152,7 @@ def report_cmd(
 ) -> None:
     """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
     with handle_errors(debug.debug):
-        from headscope.result import Result
+        from headscope.api.result import Result
 
         check_outputs(force, ("--html", html))
         saved = Result.from_json(result_file, run=run)

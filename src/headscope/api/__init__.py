@@ -24,10 +24,10 @@ from typing import Any
 
 from headscope.analyses import catalog  # noqa: F401  (registers the analyses)
 from headscope.analyses.protocol import ANALYSES, flag_of, get
+from headscope.api.result import AttentionMap, Result
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.outputs.progress import progress_option
-from headscope.result import AttentionMap, Result
 
 Progress = Callable[[str, int], Callable[[int], None]]
 
