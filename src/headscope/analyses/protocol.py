@@ -273,6 +273,3 @@ def split_names(value: str | Sequence[str] | None) -> list[str] | None:
         return None
     items = value.split(",") if isinstance(value, str) else list(value)
     return [item.strip() for item in items if str(item).strip()]
-
-
-Progress = Callable[[str, int], Callable[[int], None]]

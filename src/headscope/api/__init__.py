@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from headscope.analyses import catalog  # noqa: F401  (registers the analyses)
+from headscope.analyses.base import ProgressFactory
 from headscope.analyses.protocol import ANALYSES, flag_of, get
 from headscope.api.result import AttentionMap, Result
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.outputs.progress import progress_option
-
-Progress = Callable[[str, int], Callable[[int], None]]
 
 
 def load(
@@ -130,7 +129,7 @@ def run(
     capture: str = "auto",
     device_map: str | None = None,
     revision: str | None = None,
-    progress: bool | Progress | None = None,
+    progress: bool | ProgressFactory | None = None,
     planned: tuple[Any, Any] | None = None,
     on_loaded: Callable[[LoadedModel], None] | None = None,
     **options: Any,

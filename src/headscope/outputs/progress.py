@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
+from headscope.analyses.base import ProgressFactory
 
 
 @contextlib.contextmanager
