@@ -46,6 +46,15 @@ def _summary(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("sweep:"))
 
 
+def _done(store: Path) -> list[dict]:
+    """The runs the store's manifest records as done (none while it does not exist yet)."""
+    try:
+        manifest = json.loads((store / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [entry for entry in manifest.get("runs", {}).values() if entry.get("status") == "done"]
+
+
 def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, NO_COLOR="1", PYTHONPATH=os.pathsep.join(sys.path))
@@ -58,13 +67,15 @@ def test_sigkill_then_rerun_computes_only_the_missing_runs(checkpoints, tmp_path
     )
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not list((store / "runs").glob("*.json")):
+        while time.monotonic() < deadline and not _done(store):
             assert child.poll() is None, "the sweep ended before it could be killed"
             time.sleep(0.05)
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-    finished = {p.name: p.read_bytes() for p in (store / "runs").glob("*.json")}
+    # A run is in the store once the manifest records it (the result file is written just before;
+    # a kill between the two leaves a file the rerun rightly recomputes).
+    finished = {Path(entry["file"]).name: (store / entry["file"]).read_bytes() for entry in _done(store)}
     assert 1 <= len(finished) < 3
     assert (store / ".lock").exists()  # left behind by the killed driver: stale, taken over below
 
