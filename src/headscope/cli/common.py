@@ -206,11 +206,7 @@ def load_model(model: str, load: Load, capture: str = "auto", revision: str | No
         )
     layout = loaded.layout
     kind = "causal" if loaded.is_causal else "bidirectional"
-    err.print(
-        f"{loaded.name}: {layout.n_layers} layers x {layout.n_heads} query heads "
-        f"({layout.n_kv_heads} KV heads, {layout.group_size} per group), {kind}, capture={loaded.capture_mode}",
-        soft_wrap=True,
-    )
+    err.print(f"{loaded.name}: {layout.describe()}, {kind}, capture={loaded.capture_mode}", soft_wrap=True)
     return loaded
 
 

@@ -262,7 +262,11 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
         from headscope.outputs import report, views
 
         check_outputs(emit.force, ("-o", emit.output))
-        data = views.model_info(hs.load(model, device=load.device, dtype=load.dtype))
+        loaded = hs.load(model, device=load.device, dtype=load.dtype)
+        data = views.model_info(loaded)
+        # Values can be narrower than queries and keys (DeepSeek's latent attention, MiMo).
+        layout = loaded.layout
+        data["value_head_dim"] = layout.v_head_dim
 
         def csv_text() -> str:
             flat = {
@@ -273,7 +277,12 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
             flat["layer_attention"] = data["layer_attention"]["summary"]
             return report.table_csv(pd.DataFrame([flat]), list(flat))
 
-        write_output(emit, lambda console: report.print_info(data, console), csv_text, lambda: data)
+        def draw(console: Console) -> None:
+            report.print_info(data, console)
+            if layout.v_head_dim != layout.head_dim:
+                console.print(f"value head dim: {layout.v_head_dim} (queries and keys: {layout.head_dim})")
+
+        write_output(emit, draw, csv_text, lambda: data)
 
 
 @command(app, "compare")
