@@ -47,3 +47,8 @@ class NotApplicable(HeadscopeError):
     """The analysis has nothing to score on this model; the CLI says so on stdout and exits 0."""
 
     exit_code = 0
+
+
+class Unsupported(RunFailure):
+    """headscope cannot report this view of this model faithfully (a check on the model failed, or
+    the architecture computes something its decomposition does not describe); the message says why."""

@@ -75,9 +75,11 @@ def test_dla_on_the_real_model_adds_up_and_finds_name_movers(gemma3):
     """On Gemma 3 itself (post-attention norms, (1 + w) RMSNorm, tied 262k unembedding): the
     heads' DLA plus every other component equals the model's logit difference, and IOI works."""
     from headscope.analyses.ioi import _batches, _ends, _names, encode_ioi, ioi
-    from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
+    from headscope.capture.dla import HeadWrites, logit_constant
     from headscope.data.circuits import load_ioi
     from headscope.data.prompts import builtin
+    from headscope.models.anatomy import blocks as model_blocks
+    from headscope.models.anatomy import post_attention_norm
 
     ioi_set = load_ioi(builtin("ioi/en.yaml"))
     ioi_set.items = ioi_set.items[::8]  # 24 prompts, every template
@@ -85,7 +87,7 @@ def test_dla_on_the_real_model_adds_up_and_finds_name_movers(gemma3):
     batch = _batches(gemma3, clean, [list(range(4))])[0]
     writes = HeadWrites(gemma3, _ends, _names)
     rows, ends = torch.arange(4), _ends(batch)
-    blocks = decoder_layers(gemma3.base)
+    blocks = model_blocks(gemma3.model)
     block_in, block_out, attn_out, handles = {}, {}, {}, []
     for index, block in enumerate(blocks):
         handles.append(

@@ -14,7 +14,9 @@ from conftest import word_tokenizer
 
 import headscope as hs
 from headscope import capture
-from headscope.capture.dla import HeadWrites, decoder_layers, logit_constant, post_attention_norm
+from headscope.capture.dla import HeadWrites, logit_constant
+from headscope.models.anatomy import blocks as model_blocks
+from headscope.models.anatomy import post_attention_norm
 from headscope.capture.patching import record_block_inputs, rerun_block
 from headscope.models import LoadedModel
 
@@ -109,7 +111,7 @@ def test_heads_plus_other_components_equal_the_logit_difference(build):
 
     # The other components, from hooks: what each block adds to the residual stream, the part of it
     # that comes from attention, and the residual entering the first block (the embeddings).
-    blocks = decoder_layers(loaded.base)
+    blocks = model_blocks(loaded.model)
     rows = torch.arange(3)
     block_in, block_out, attn_out = {}, {}, {}
     handles = []
@@ -162,7 +164,7 @@ def test_head_writes_sum_to_the_attention_block_output():
     batch = _batch(64)
     positions = _last(batch)
     writes = HeadWrites(loaded, lambda b: positions, keep={0, 1, 2})
-    blocks = decoder_layers(loaded.base)
+    blocks = model_blocks(loaded.model)
     rows = torch.arange(3)
     seen = {}
     handles = []

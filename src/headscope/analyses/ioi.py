@@ -339,6 +339,7 @@ def ioi(
 ) -> tuple[Report, IOIOutcome, dict[str, list[capture.Batch]]]:
     """Score every head on an IOI set. Returns the report, the model's outcome, and the batches
     (clean and corrupted, for ``--verify``)."""
+    capture.checks.require(loaded, "dla")
     if not (loaded.is_causal and loaded.has_lm_head):
         raise InputError(
             "ioi reads the model's prediction of the next name, so it needs a causal language model"

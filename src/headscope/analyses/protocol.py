@@ -148,6 +148,11 @@ class Analysis:
         check_common(options)
         return None
 
+    def views(self, loaded: Any, options: Any) -> tuple[str, ...]:
+        """The decompositions this run reports from (``maps``, ``dla``, ``ov``): each is checked on
+        the model itself before the run (:func:`headscope.capture.checks.require`)."""
+        return ("maps",)
+
     def run(self, loaded: Any, options: Any, prepared: Any, progress: ProgressFactory | None) -> Outcome:
         raise NotImplementedError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from headscope import capture
 from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
 from headscope.detectors.base import DetectorResult
-from headscope.errors import InputError
+from headscope.errors import InputError, Unsupported
 from headscope.models import LoadedModel
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import RoleRule, assign_roles
@@ -148,11 +148,15 @@ def scan(
         if loaded.has_lm_head:
             from .weights import weights
 
-            part = weights(loaded, n_resamples=0, seed=seed, progress=progress)
-            results += part.results
-            descriptions.update({s.data: s.description for s in part.sections})
-            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
-            outcomes.update(part.outcomes)
+            try:
+                part = weights(loaded, n_resamples=0, seed=seed, progress=progress)
+            except Unsupported as exc:
+                notes.append(f"weights: not run: {exc}")
+            else:
+                results += part.results
+                descriptions.update({s.data: s.description for s in part.sections})
+                notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
+                outcomes.update(part.outcomes)
         else:
             notes.append("weights: not run: the OV token tests read logits, and this model has no LM head")
 
@@ -202,7 +206,7 @@ def _circuit_parts(
                     role_rule=role_rule,
                     progress=progress,
                 )
-            except InputError as exc:
+            except (InputError, Unsupported) as exc:
                 notes.append(f"{name}: not scored: {exc}")
                 continue
             parts.append(report)

@@ -7,6 +7,7 @@ with bootstrap intervals over tokens (task pairs) and the role rule of every oth
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -111,6 +112,7 @@ def weights(
     progress: ProgressFactory | None = None,
 ) -> Report:
     """Score every head's OV circuit: copying, suppression, eigenvalue copying and successor."""
+    capture.checks.require(loaded, "dla", "ov")
     check_options(tokens, k, embedding)
     check_resamples(n_resamples)
     started = time.perf_counter()
@@ -164,7 +166,8 @@ def weights(
     for index in range(n_layers):
         layer = circuits.layer(index)
         inputs = circuits.layer_inputs(layer, index, raw, effective)  # [N + P, D]
-        values = torch.einsum("nd,gde->gne", inputs, layer.w_v)  # [kv, N + P, Dh]
+        values = layer.values(inputs)  # [kv, N + P, Dv]
+        w_v = layer.w_v
         gram = inputs[:n_tokens].double().T @ own_rows.double()  # [D, D] = X^T W
         for head in range(n_heads):
             g = head // group
@@ -173,7 +176,8 @@ def weights(
             in_top, in_bottom = rank_tests(v_sample, w_o, own_rows, sample, rivals, k)
             top[:, index, head] = in_top.double()
             bottom[:, index, head] = in_bottom.double()
-            eigen[0, index, head] = eigen_score(layer.w_v[g], w_o, gram)
+            # MLA's value path runs through a norm, so it has no W_V matrix and no eigenvalues.
+            eigen[0, index, head] = eigen_score(w_v[g], w_o, gram) if w_v is not None else math.nan
             offset = n_tokens
             for name, per_task in pair_tasks.items():
                 n_pairs = len(pair_sources[name])

@@ -154,9 +154,11 @@ def run(
     )
     if on_loaded is not None:
         on_loaded(loaded)
+    from headscope.capture import checks
     from headscope.capture import prepared as borrowed
 
     with progress_option(progress) as advance, borrowed(loaded):
+        checks.require(loaded, *chosen.views(loaded, values))
         outcome = chosen.run(loaded, values, prepared, advance)
         if chosen.wants_verify(values):
             outcome.checks = list(chosen.verify(loaded, outcome, values, advance))

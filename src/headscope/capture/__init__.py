@@ -1,5 +1,6 @@
 """Capture: batches, the forward pass with streaming attention, ablation hooks, the chunked LM head."""
 
+from headscope.capture import checks
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
 from headscope.capture.stream import (
@@ -30,4 +31,5 @@ __all__ = [
     "register_streaming_attention",
     "run",
     "streaming_attention",
+    "checks",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from headscope.errors import RunFailure
+from headscope.models import anatomy, projections
 
 from .batch import Batch
 
@@ -43,7 +44,9 @@ class FrozenNorm:
 
     @classmethod
     def of(cls, norm: torch.nn.Module, what: str = "final norm") -> FrozenNorm:
-        """Read the norm's parameters and check them against the module itself on random input."""
+        """Read the norm's gain, bias, epsilon and centring by probing the module, then check the
+        reading on random input: any LayerNorm or RMSNorm variant (Gemma's ``1 + w``, Cohere's
+        LayerNorm without bias) is read the same way, and anything else is refused."""
         weight = getattr(norm, "weight", None)
         if weight is None:
             raise RunFailure(f"the {what} ({type(norm).__name__}) has no weight; DLA cannot read it")
@@ -53,21 +56,30 @@ class FrozenNorm:
             (
                 float(getattr(norm, name))
                 for name in ("variance_epsilon", "eps", "epsilon")
-                if hasattr(norm, name)
+                if isinstance(getattr(norm, name, None), int | float)
             ),
             1e-6,
         )
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return norm(x.to(device=device, dtype=dtype)).double().cpu()
+
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randn(3, dim, generator=generator, dtype=torch.float64) * 2.0
         with torch.no_grad():
-            if isinstance(norm, torch.nn.LayerNorm):
-                bias = norm.bias if norm.bias is not None else torch.zeros_like(weight)
-                found = cls(weight.double().cpu(), bias.double().cpu(), float(norm.eps), True)
-            else:  # RMSNorm and its variants (Gemma's 1 + w): the gain is what a unit-RMS input gets
-                ones = torch.ones(1, dim, device=device, dtype=dtype)
-                gain = norm(ones).double().cpu()[0] * math.sqrt(1.0 + eps)
-                found = cls(gain, torch.zeros(dim, dtype=torch.float64), eps, False)
-            probe = torch.randn(3, dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2.0
+            # A norm that subtracts the mean gives the same output when every entry is shifted.
+            centred = bool(torch.allclose(run(probe), run(probe + 3.0), rtol=1e-3, atol=1e-3))
+            bias = run(torch.zeros(1, dim, dtype=torch.float64))[0]
+            if centred:
+                unit = torch.where(torch.arange(dim) % 2 == 0, 1.0, -1.0).double()
+                unit = unit - unit.mean()
+                unit = unit / unit.pow(2).mean().sqrt()
+            else:
+                unit = torch.ones(dim, dtype=torch.float64)
+            gain = (run(unit[None])[0] - bias) * math.sqrt(1.0 + eps) / unit
+            found = cls(gain, bias, eps, centred)
             expected = found.apply(probe)
-            actual = norm(probe.to(device=device, dtype=dtype)).double().cpu()
+            actual = run(probe)
         tolerance = 1e-3 if dtype == torch.float32 else 5e-2
         if not torch.allclose(actual, expected, rtol=tolerance, atol=tolerance):
             raise RunFailure(
@@ -101,62 +113,44 @@ class FrozenNorm:
         return folded
 
 
-# --- where things are in a Hugging Face model ---------------------------------------------------------
+# --- what the attention output adds to the residual stream ----------------------------------------
 
 
-def decoder_layers(base: Any) -> list[torch.nn.Module]:
-    """The model's decoder (or encoder) blocks, in order."""
-    for path in ("layers", "h", "layer", "decoder.layers", "encoder.layer", "language_model.layers"):
-        module = base
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
-            return list(module)
-    raise RunFailure(f"cannot find the transformer blocks of {type(base).__name__}")
+def residual_parts(
+    writes: torch.Tensor, bias: torch.Tensor, post: FrozenNorm | None, multiplier: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The heads' shares ``[..., H, D]`` and the bias share ``[..., D]`` of what an attention output
+    adds to the residual stream: through the block's post-norm (OLMo 2, Gemma 2/3), with the
+    statistic of the whole output, then the residual multiplier (Granite). ``writes`` are the heads'
+    outputs through their slices of ``W_O``; ``bias`` is the output projection's bias."""
+    if post is not None:
+        scale = post.scale(writes.sum(-2) + bias)
+        writes = post.linear(writes, scale[..., None])
+        bias = post.linear(bias, scale) + post.bias
+    return writes * multiplier, bias * multiplier
 
 
-def final_norm(base: Any) -> torch.nn.Module:
-    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
-        module = getattr(base, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise RunFailure(
-        f"cannot find the final norm of {type(base).__name__}; direct logit attribution needs it"
-    )
-
-
-def output_projection(attention: torch.nn.Module, n_heads: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``W_O`` as ``[heads, head_dim, d_model]`` and its bias, from an attention module."""
-    for name in ("o_proj", "out_proj", "dense", "c_proj"):
-        proj = getattr(attention, name, None)
-        if proj is None or not hasattr(proj, "weight"):
-            continue
-        weight = proj.weight
-        # Linear stores [d_model, heads * head_dim]; GPT-2's Conv1D stores [in, out].
-        w_o = weight.T if isinstance(proj, torch.nn.Linear) else weight
-        inner, d_model = w_o.shape
-        return w_o.reshape(n_heads, inner // n_heads, d_model), getattr(proj, "bias", None)
-    raise RunFailure(f"cannot find the output projection of {type(attention).__name__}")
-
-
-def post_attention_norm(block: torch.nn.Module) -> torch.nn.Module | None:
-    """The norm applied to the attention output before the residual add (Gemma 2/3), if any.
-
-    In Llama-style blocks ``post_attention_layernorm`` is the MLP's input norm instead; the blocks
-    that normalise the attention output also have a separate ``pre_feedforward_layernorm``.
-    """
-    if hasattr(block, "pre_feedforward_layernorm") and hasattr(block, "post_attention_layernorm"):
-        return block.post_attention_layernorm
-    return None
+def post_norms(loaded: Any, layers: list[int]) -> dict[int, FrozenNorm]:
+    blocks = anatomy.blocks(loaded.model)
+    found = {}
+    for index in layers:
+        norm = anatomy.post_attention_norm(blocks[index])
+        if norm is not None:
+            found[index] = FrozenNorm.of(norm, f"post-attention norm of layer {index}")
+    return found
 
 
 def unembedding(loaded: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    head = loaded.model.get_output_embeddings()
-    if head is None:
-        raise RunFailure("direct logit attribution needs a language model with an LM head")
+    head = anatomy.lm_head(loaded.model)
     return head.weight, getattr(head, "bias", None)
+
+
+def attention_layers(loaded: Any) -> list[int]:
+    """The layers with softmax attention (all of them but in hybrid models)."""
+    layers = getattr(loaded.layout, "attention_layers", None)
+    if isinstance(layers, tuple | list):
+        return list(layers)
+    return list(range(loaded.layout.n_layers))
 
 
 # --- the recorder ------------------------------------------------------------------------------------
@@ -168,13 +162,18 @@ TokensOf = Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]  # ([B] target i
 class HeadWrites:
     """Records each head's write at one chosen position per row, and its DLA toward a target.
 
-    Used as the ``writes`` argument of :func:`headscope.capture.run`. Per batch it leaves
+    Used as the ``writes`` argument of :func:`headscope.capture.run`. The heads' outputs are read
+    where the model itself combines them: the input of each attention layer's output projection,
+    so this works in streaming and in eager capture alike. Per batch it leaves
 
     * ``dla``: ``[B, L, H]`` float64 direct logit attribution (when ``tokens_of`` is given),
     * ``bias_dla``: ``[B, L]`` that of each layer's output-projection bias,
     * ``kept``: ``{layer: [B, H, D]}`` the writes themselves for the layers in ``keep``,
     * ``final_scale``: ``[B]`` the final norm's statistic at the position,
     * ``final_residual``: ``[B, D]`` the residual entering the final norm there.
+
+    The decomposition is trusted only where :func:`headscope.capture.checks.require` has checked it
+    on the model (``"dla"``); the analyses that use this class ask for that first.
     """
 
     def __init__(
@@ -188,14 +187,18 @@ class HeadWrites:
         self.positions_of = positions_of
         self.tokens_of = tokens_of
         self.keep = set(keep)
-        base = loaded.base
-        self.blocks = decoder_layers(base)
-        self.post_norms: dict[int, FrozenNorm] = {}
-        for index, block in enumerate(self.blocks):
-            norm = post_attention_norm(block)
-            if norm is not None:
-                self.post_norms[index] = FrozenNorm.of(norm, f"post-attention norm of layer {index}")
-        self._final_module = final_norm(base) if tokens_of is not None else None
+        model = loaded.model
+        self.blocks = anatomy.blocks(model)
+        self.layers = attention_layers(loaded)
+        self.outputs: dict[int, torch.nn.Module] = {}
+        self.w_o: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for index in self.layers:
+            attention = projections.attention_module(self.blocks[index])
+            self.outputs[index] = projections.output_module(attention)
+            self.w_o[index] = projections.output_projection(attention, loaded.layout.n_heads)
+        self.post_norms = post_norms(loaded, self.layers)
+        self.multiplier = anatomy.residual_multiplier(model.config)
+        self._final_module = anatomy.final_norm(model) if tokens_of is not None else None
         self.final = FrozenNorm.of(self._final_module) if self._final_module is not None else None
         if tokens_of is not None:
             self.w_u, self.b_u = unembedding(loaded)
@@ -221,28 +224,27 @@ class HeadWrites:
             target, foil = self.tokens_of(batch)
             w_u = self.w_u.detach()
             direction = (w_u[target.to(w_u.device)] - w_u[foil.to(w_u.device)]).double()
+            # Cohere's logit_scale and Granite's 1 / logits_scaling multiply every logit.
+            direction = direction * anatomy.logit_multiplier(self.loaded.model.config)
             self._folded = self.final.fold(direction.cpu())  # [B, D]
             self.dla = torch.zeros(rows, n_layers, n_heads, dtype=torch.float64)
             self.bias_dla = torch.zeros(rows, n_layers, dtype=torch.float64)
 
-    def add(self, layer: int, module: torch.nn.Module, output: torch.Tensor, batch: Batch) -> None:
-        """``output`` is the attention module's per-head output ``[B, H, T, head_dim]``."""
+    def add(self, layer: int, heads: torch.Tensor) -> None:
+        """``heads`` is the output projection's input ``[B, T, H * head_dim]`` in layer ``layer``."""
         if self._positions is None or (self._folded is None and layer not in self.keep):
             return
-        rows = torch.arange(output.shape[0], device=output.device)
-        at = output[rows, :, self._positions.to(output.device)]  # [B, H, head_dim]
-        w_o, bias = output_projection(module, at.shape[1])
+        w_o, bias = self.w_o[layer]
+        rows = torch.arange(heads.shape[0], device=heads.device)
+        at = heads[rows, self._positions.to(heads.device)]  # [B, H * head_dim]
+        at = at.reshape(at.shape[0], w_o.shape[0], -1)  # [B, H, head_dim]
         writes = torch.einsum("bhd,hde->bhe", at.double(), w_o.detach().double()).cpu()  # [B, H, D]
         bias_part = (
             bias.detach().double().cpu().expand(writes.shape[0], -1)
             if bias is not None
             else torch.zeros(writes.shape[0], writes.shape[-1], dtype=torch.float64)
         )
-        post = self.post_norms.get(layer)
-        if post is not None:
-            scale = post.scale(writes.sum(1) + bias_part)  # the block's actual output at the position
-            writes = post.linear(writes, scale[:, None])
-            bias_part = post.linear(bias_part, scale) + post.bias
+        writes, bias_part = residual_parts(writes, bias_part, self.post_norms.get(layer), self.multiplier)
         if layer in self.keep:
             self.kept[layer] = writes.float()
         if self._folded is not None:
@@ -252,12 +254,16 @@ class HeadWrites:
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
-        """While active, the final norm's input at the chosen positions is recorded."""
-        if self._final_module is None:
-            yield
-            return
+        """While active, the heads' outputs and the final norm's input at the chosen positions are recorded."""
+        handles = []
 
-        def hook(_module: Any, args: tuple, kwargs: dict) -> None:
+        def heads_hook(layer: int) -> Callable[..., None]:
+            def hook(_module: Any, args: tuple) -> None:
+                self.add(layer, args[0])
+
+            return hook
+
+        def final_hook(_module: Any, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
             if self._positions is None or hidden.dim() != 3:
                 return
@@ -267,11 +273,15 @@ class HeadWrites:
             self.final_residual = residual
             self.final_scale = self.final.scale(residual)
 
-        handle = self._final_module.register_forward_pre_hook(hook, with_kwargs=True)
         try:
+            for layer, module in self.outputs.items():
+                handles.append(module.register_forward_pre_hook(heads_hook(layer)))
+            if self._final_module is not None:
+                handles.append(self._final_module.register_forward_pre_hook(final_hook, with_kwargs=True))
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     def finish(self) -> None:
         """Divide by the final norm's statistic, once the forward pass has reached it."""
@@ -290,8 +300,8 @@ class HeadWrites:
 
 
 def logit_constant(writes: HeadWrites, target: torch.Tensor, foil: torch.Tensor) -> torch.Tensor:
-    """[B] ``bias_final @ (W_U[t] - W_U[f]) + b_U[t] - b_U[f]``: the logit difference no residual
-    component is responsible for."""
+    """[B] ``(bias_final @ (W_U[t] - W_U[f]) + b_U[t] - b_U[f]) * logit multiplier``: the logit
+    difference no residual component is responsible for."""
     assert writes.final is not None
     w_u = writes.w_u.detach()
     direction = (w_u[target.to(w_u.device)] - w_u[foil.to(w_u.device)]).double().cpu()
@@ -299,4 +309,4 @@ def logit_constant(writes: HeadWrites, target: torch.Tensor, foil: torch.Tensor)
     if writes.b_u is not None:
         b_u = writes.b_u.detach().double().cpu()
         constant = constant + b_u[target.cpu()] - b_u[foil.cpu()]
-    return constant
+    return constant * anatomy.logit_multiplier(writes.loaded.model.config)

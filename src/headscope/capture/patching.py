@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from headscope.errors import RunFailure
+from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
-from .dla import HeadWrites, decoder_layers
+from .dla import HeadWrites
 from .stream import LayerCallback, _sink, prepared
 
 
@@ -52,7 +53,7 @@ def record_block_inputs(
     if loaded.capture_mode != "stream":
         raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
     wanted = sorted(set(layers))
-    blocks = decoder_layers(loaded.base)
+    blocks = model_blocks(loaded.model)
     saved: dict[int, tuple[torch.Tensor, tuple, dict]] = {}
     handles = []
     for layer in wanted:
@@ -74,7 +75,7 @@ def record_block_inputs(
         with (
             prepared(loaded),
             torch.inference_mode(),
-            _sink(_noop, on_device, writes=writes) as sink,
+            _sink(_noop, on_device) as sink,
             writes.hooked() if writes is not None else contextlib.nullcontext(),
         ):
             sink.record_kv = set(wanted)
@@ -161,7 +162,7 @@ def rerun_block(
         flat = delta.reshape(copies * rows, -1).to(device=hidden.device, dtype=hidden.dtype)
         index = torch.arange(copies * rows, device=hidden.device)
         hidden[index, positions.to(hidden.device).repeat(copies)] += flat
-    block = decoder_layers(loaded.base)[layer]
+    block = model_blocks(loaded.model)[layer]
     on_device = batch.to(loaded.device)
     if copies > 1:
         on_device = Batch(

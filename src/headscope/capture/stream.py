@@ -22,7 +22,7 @@ from headscope.errors import RunFailure
 
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
-from .dla import HeadWrites
+from .dla import HeadWrites, attention_layers
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
@@ -47,14 +47,12 @@ class _LayerSink:
         ablation: Ablation | None = None,
         on_layer_done: LayerDone | None = None,
         recorder: HeadOutputMeans | None = None,
-        writes: HeadWrites | None = None,
     ) -> None:
         self.callback = callback
         self.batch = batch
         self.ablation = ablation
         self.on_layer_done = on_layer_done
         self.recorder = recorder
-        self.writes = writes
         self.calls = 0
         # Path patching: record some layers' keys and values, or replace them by recorded ones.
         self.record_kv: set[int] = set()
@@ -105,11 +103,9 @@ def streaming_attention(
 
     The weights are computed in float32 whatever the model's dtype, so scores do not depend on it.
     """
-    if kwargs.get("s_aux") is not None:
-        raise RunFailure(
-            "this model uses attention sinks (s_aux), which streaming capture does not implement",
-            hint="use --capture eager",
-        )
+    # GPT-OSS's attention sinks: one learned logit per head joins every query's softmax as an extra
+    # key that holds no value; the maps handed on are the real keys' weights (they sum to < 1).
+    sinks = kwargs.get("s_aux")
     if attention_mask is None and getattr(module, "is_causal", False) and query.shape[2] > 1:
         # Without a mask these weights would let every token attend to the future. transformers
         # builds one through the registered mask function; if it ever does not, stop here.
@@ -154,7 +150,12 @@ def streaming_attention(
                 scores.masked_fill_(~rows[..., first:limit], torch.finfo(scores.dtype).min)
             else:
                 scores.add_(rows[..., first:limit])
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        if sinks is not None:
+            column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(*scores.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)
+            weights = weights[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
         del scores
         output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, first:limit])
         if sink is not None:
@@ -171,8 +172,6 @@ def streaming_attention(
             sink.recorder.add(layer, output, sink.batch)
         if sink.ablation is not None:
             output = sink.ablation.apply(layer, output, sink.batch)
-        if sink.writes is not None:
-            sink.writes.add(layer, module, output, sink.batch)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -235,9 +234,8 @@ def _sink(
     ablation: Ablation | None = None,
     on_layer_done: LayerDone | None = None,
     recorder: HeadOutputMeans | None = None,
-    writes: HeadWrites | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, writes)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -273,50 +271,45 @@ def run(
     when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
     states ``[B, T, D]`` (after the final norm), for logits at a few positions.
     """
-    if (
-        ablation is not None or recorder is not None or writes is not None
-    ) and loaded.capture_mode != "stream":
-        raise RunFailure(
-            "head ablation and per-head writes need streaming capture", hint="drop --capture eager"
-        )
+    if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
+        raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
     module = loaded.base
-    n_layers = loaded.layout.n_layers
+    layers = attention_layers(loaded)
+    n_layers = len(layers)
     extra = {"use_cache": False} if loaded.is_causal else {}
     with prepared(loaded), torch.inference_mode():
         for batch in batches:
             on_device = batch.to(device)
             inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
-            if loaded.capture_mode == "stream":
-                if writes is not None:
-                    writes.begin(on_device)
-                with (
-                    _sink(on_layer, on_device, ablation, on_layer_done, recorder, writes) as sink,
-                    writes.hooked() if writes is not None else contextlib.nullcontext(),
-                ):
-                    out = module(**inputs, **extra)
-                if writes is not None:
-                    writes.finish()
-                if sink.calls != n_layers:
-                    raise RunFailure(
-                        f"expected attention from {n_layers} layers, captured {sink.calls}",
-                        hint="this architecture may need --capture eager",
-                    )
-            else:
-                out = module(**inputs, **extra, output_attentions=True)
-                attentions = out.attentions
-                if attentions is None or len(attentions) != n_layers:
-                    raise RunFailure("the model returned no attention weights in eager mode")
-                for layer, weights in enumerate(attentions):
-                    # No mask reaches us here: a key is visible when some head gives it weight
-                    # (a masked key gets exactly 0 in every head).
-                    length = weights.shape[2]
-                    on_device.set_chunk(0, length, visible=(weights > 0).any(1))
-                    on_layer(layer, weights.float(), on_device, 0)
-                    if on_layer_done is not None:
-                        on_layer_done(layer, on_device)
+            if writes is not None:
+                writes.begin(on_device)
+            with writes.hooked() if writes is not None else contextlib.nullcontext():
+                if loaded.capture_mode == "stream":
+                    with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
+                        out = module(**inputs, **extra)
+                    if sink.calls != n_layers:
+                        raise RunFailure(
+                            f"expected attention from {n_layers} layers, captured {sink.calls}",
+                            hint="this architecture may need --capture eager",
+                        )
+                else:
+                    out = module(**inputs, **extra, output_attentions=True)
+                    attentions = [a for a in (out.attentions or ()) if a is not None]
+                    if len(attentions) != n_layers:
+                        raise RunFailure("the model returned no attention weights in eager mode")
+                    for layer, weights in zip(layers, attentions, strict=True):
+                        # No mask reaches us here: a key is visible when some head gives it weight
+                        # (a masked key gets exactly 0 in every head).
+                        length = weights.shape[2]
+                        on_device.set_chunk(0, length, visible=(weights > 0).any(1))
+                        on_layer(layer, weights.float(), on_device, 0)
+                        if on_layer_done is not None:
+                            on_layer_done(layer, on_device)
+            if writes is not None:
+                writes.finish()
             if on_hidden is not None:
                 on_hidden(out.last_hidden_state, on_device)
             if on_token_loss is not None:

@@ -31,15 +31,10 @@ from typing import Any, Literal
 import torch
 
 from headscope.capture.batch import make_batches
-from headscope.capture.dla import (
-    FrozenNorm,
-    decoder_layers,
-    final_norm,
-    output_projection,
-    post_attention_norm,
-    unembedding,
-)
+from headscope.capture.dla import FrozenNorm, unembedding
 from headscope.errors import InputError, RunFailure
+from headscope.models import anatomy, projections
+from headscope.models.projections import ValuePath
 
 Embedding = Literal["raw", "mlp0"]
 EMBEDDINGS: tuple[str, ...] = ("raw", "mlp0")
@@ -70,54 +65,35 @@ def ordinary_ids(loaded: Any) -> torch.Tensor:
     return allowed.nonzero().squeeze(1)
 
 
-def attention_module(block: torch.nn.Module) -> torch.nn.Module:
-    for name in ("self_attn", "attn", "attention", "self_attention"):
-        module = getattr(block, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise RunFailure(f"cannot find the attention module of {type(block).__name__}")
-
-
-def input_norm(block: torch.nn.Module) -> torch.nn.Module:
-    for name in ("input_layernorm", "ln_1", "attention_norm", "pre_attention_layernorm", "ln_attn"):
-        module = getattr(block, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise RunFailure(
-        f"cannot find the input norm of {type(block).__name__}; the OV circuits need a pre-norm block"
-    )
-
-
-def value_weight(attention: torch.nn.Module, n_kv: int, head_dim: int, d_model: int) -> torch.Tensor:
-    """``W_V`` as ``[kv_heads, d_model, head_dim]`` (row vectors: ``x @ W_V[g]``)."""
-    v_proj = getattr(attention, "v_proj", None)
-    if v_proj is not None and hasattr(v_proj, "weight"):
-        weight = v_proj.weight.detach()  # Linear: [kv * head_dim, d_model]
-        return weight.reshape(n_kv, head_dim, d_model).transpose(1, 2)
-    c_attn = getattr(attention, "c_attn", None)
-    if c_attn is not None and hasattr(c_attn, "weight"):
-        weight = c_attn.weight.detach()  # GPT-2 Conv1D: [d_model, 3 * d_model] as q | k | v
-        value = weight[:, 2 * n_kv * head_dim : 3 * n_kv * head_dim]
-        return value.reshape(d_model, n_kv, head_dim).transpose(0, 1)
-    qkv = getattr(attention, "qkv_proj", None)
-    if qkv is not None and hasattr(qkv, "weight"):
-        weight = qkv.weight.detach()  # Phi-3: [(H + 2 kv) * head_dim, d_model] as q | k | v
-        value = weight[-n_kv * head_dim :]
-        return value.reshape(n_kv, head_dim, d_model).transpose(1, 2)
-    raise RunFailure(f"cannot find the value projection of {type(attention).__name__}")
-
-
 @dataclass
 class LayerOV:
-    """One layer's OV factors: ``W_V`` per KV group and ``W_O`` per query head with the post-norm gain."""
+    """One layer's OV factors: the value path per KV group and ``W_O`` per query head with the post-norm gain."""
 
-    w_v: torch.Tensor  # [kv, D, Dh] float32
-    w_o: torch.Tensor  # [H, Dh, D] float32, post-attention gain (and centring) folded in
-    norm: torch.nn.Module  # the layer's input norm
+    path: ValuePath  # x -> value vectors [N, kv, Dv]; ``path.linear`` is W_V [kv, D, Dv] where linear
+    w_o: torch.Tensor  # [H, Dv, D] float32, post-attention gain (and centring) folded in
+    norm: torch.nn.Module | None  # the layer's input norm (None: attention reads the residual itself)
+
+    @property
+    def w_v(self) -> torch.Tensor | None:
+        """``W_V`` ``[kv, D, Dv]`` float32 where the value path is linear (not MLA's normed latent)."""
+        return None if self.path.linear is None else self.path.linear.detach().float().cpu()
+
+    def values(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``[kv, N, Dv]`` value vectors of normalised inputs ``[N, D]``, without the value bias
+        (a bias writes the same logits whatever the head attends to, as in TransformerLens' OV)."""
+        w_v = self.w_v
+        if w_v is not None:
+            return torch.einsum("nd,gde->gne", inputs, w_v)
+        with torch.inference_mode():
+            out = torch.cat([self.path(chunk).float().cpu() for chunk in inputs.split(4096)])
+        return out.transpose(0, 1).contiguous()
 
     def head(self, head: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(W_V of the head's KV group, W_O of the head)."""
-        return self.w_v[head // group_size], self.w_o[head]
+        """(W_V of the head's KV group, W_O of the head); linear value paths only."""
+        w_v = self.w_v
+        if w_v is None:
+            raise RunFailure("this layer's value path is not linear (MLA); it has no W_V matrix")
+        return w_v[head // group_size], self.w_o[head]
 
     def matrix(self, head: int, group_size: int) -> torch.Tensor:
         """The head's OV matrix ``[D, D]`` (for checks; the scores never form it)."""
@@ -136,9 +112,8 @@ class Circuits:
         self.loaded = loaded
         layout = loaded.layout
         self.layout = layout
-        base = loaded.base
-        self.blocks = decoder_layers(base)
-        self.final = FrozenNorm.of(final_norm(base))
+        self.blocks = anatomy.blocks(loaded.model)
+        self.final = FrozenNorm.of(anatomy.final_norm(loaded.model))
         w_u, _ = unembedding(loaded)
         self.unembed = self._fold(w_u.detach())  # [V, D] float32
 
@@ -151,17 +126,17 @@ class Circuits:
     def layer(self, index: int) -> LayerOV:
         layout = self.layout
         block = self.blocks[index]
-        attention = attention_module(block)
-        w_v = value_weight(attention, layout.n_kv_heads, layout.head_dim, layout.d_model).float().cpu()
-        w_o, _ = output_projection(attention, layout.n_heads)
+        attention = projections.attention_module(block)
+        path = projections.value_path(attention, anatomy.text_config(self.loaded.model.config))
+        w_o, _ = projections.output_projection(attention, layout.n_heads)
         w_o = w_o.detach().float().cpu()
-        post = post_attention_norm(block)
+        post = anatomy.post_attention_norm(block)
         if post is not None:
             frozen = FrozenNorm.of(post, f"post-attention norm of layer {index}")
             w_o = w_o * frozen.gain.float()
             if frozen.centred:
                 w_o = w_o - w_o.mean(-1, keepdim=True)
-        return LayerOV(w_v.contiguous(), w_o.contiguous(), input_norm(block))
+        return LayerOV(path, w_o.contiguous(), projections.input_norm(block))
 
     def embeddings(
         self, ids: torch.Tensor, embedding: Embedding, batch_size: int = 256
@@ -220,6 +195,8 @@ class Circuits:
     ) -> torch.Tensor:
         """``norm_l(e)`` for the tokens: what the layer's heads read, ``[N, D]`` float32."""
         source = raw if index == 0 else effective
+        if layer.norm is None:  # OLMo 2: attention reads the residual stream itself
+            return source.float()
         param = next(layer.norm.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
         dtype = param.dtype if param is not None else torch.float32
