@@ -160,6 +160,10 @@ def run(
     with progress_option(progress) as advance, borrowed(loaded):
         checks.require(loaded, *chosen.views(loaded, values))
         outcome = chosen.run(loaded, values, prepared, advance)
+        # Every decomposition checked on this model (the run's own, and any its parts asked for).
+        outcome.extra_json["conformance"] = {
+            view: found.to_json() for view, found in sorted(checks.checked(loaded).items())
+        }
         if chosen.wants_verify(values):
             outcome.checks = list(chosen.verify(loaded, outcome, values, advance))
     return Result(analysis, outcome=outcome, options=values, loaded=loaded)

@@ -229,6 +229,7 @@ class Result:
         if analysis.json_roles:
             extra["roles"] = roles_records(self.report)
         extra.update(analysis.json(self._outcome))
+        extra.update(self._outcome.extra_json)
         return jsonable(report_json(self.report, command or self.analysis, **extra))
 
     def to_json(self, path: str | Path | None = None, *, force: bool = False) -> str:

@@ -104,7 +104,7 @@ def require(loaded: Any, *views: str) -> dict[str, Conformance]:
             view == "maps"
             and not result.ok
             and loaded.capture_mode == "stream"
-            and getattr(loaded, "capture_requested", "auto") == "auto"
+            and loaded.capture_requested == "auto"
         ):
             # --capture auto: the model's own eager attention is always right, at the cost of
             # keeping every layer's maps until the end of each batch.

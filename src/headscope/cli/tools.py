@@ -272,8 +272,10 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
             flat = {
                 k: (" ".join(",".join(map(str, g)) for g in v) if k == "kv_groups" else v)
                 for k, v in data.items()
-                if k != "layer_attention"
+                if k not in ("layer_attention", "checks")
             }
+            for view, found in data["checks"].items():
+                flat[f"check_{view}"] = report.check_text(found)
             flat["layer_attention"] = data["layer_attention"]["summary"]
             return report.table_csv(pd.DataFrame([flat]), list(flat))
 

@@ -168,6 +168,9 @@ class LoadedModel:
     # False for a model the caller loaded: headscope switches its attention implementation and
     # eval mode only while an analysis runs (capture.prepared), and restores them after.
     owned: bool = True
+    # What the caller asked for: under "auto" a streaming capture that fails its check on the model
+    # (headscope.capture.checks) falls back to eager.
+    capture_requested: str = "auto"
     active: int = field(default=0, repr=False, compare=False)  # nesting depth of capture.prepared
 
     @property

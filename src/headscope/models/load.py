@@ -130,7 +130,7 @@ def load(
     layout = HeadLayout.from_config(model.config, tokenizer)
     mode = decide_capture(model, capture)
     name = resolved.alias or (resolved.gguf_file or Path(resolved.location).name)
-    return LoadedModel(name, model, tokenizer, layout, causal, mode, source)
+    return LoadedModel(name, model, tokenizer, layout, causal, mode, source, capture_requested=capture)
 
 
 def can_stream(model: Any) -> bool:

@@ -49,4 +49,6 @@ def wrap(
     layout = HeadLayout.from_config(config, tokenizer)
     label = name or getattr(config, "name_or_path", None) or type(model).__name__
     label = str(label).rstrip("/").split("/")[-1] or type(model).__name__
-    return LoadedModel(label, model, tokenizer, layout, causal, mode, "object", owned=False)
+    return LoadedModel(
+        label, model, tokenizer, layout, causal, mode, "object", owned=False, capture_requested=capture
+    )

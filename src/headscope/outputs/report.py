@@ -606,6 +606,13 @@ def print_comparison(result: Any, console: Console) -> None:
         console.print(f"tables only in A: {result.only_a}; only in B: {result.only_b}")
 
 
+def check_text(found: dict[str, Any]) -> str:
+    """One decomposition check as text: "ok (max relative error 3.1e-07)" or "refused: reason"."""
+    if found["ok"]:
+        return f"ok (max relative error {found['error']:.1e})"
+    return f"refused: {found['reason']}"
+
+
 def print_info(info: dict[str, Any], console: Console) -> None:
     """The attention layout of one model."""
     table = Table(box=box.SIMPLE_HEAD, show_header=False, padding=(0, 1), pad_edge=False)
@@ -647,6 +654,7 @@ def print_info(info: dict[str, Any], console: Console) -> None:
         ("parameters", f"{info['parameters']:,}"),
         ("vocabulary", "–" if info["vocab_size"] is None else f"{info['vocab_size']:,}"),
         ("attention fn", f"{info['attn_implementation']} (headscope capture: {info['capture']})"),
+        *((f"check: {view}", check_text(found)) for view, found in info.get("checks", {}).items()),
     ]
     for name, value in rows:
         table.add_row(name, str(value))

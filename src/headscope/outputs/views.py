@@ -26,7 +26,10 @@ from headscope.models.layout import layer_attention
 
 
 def model_info(loaded: LoadedModel) -> dict[str, Any]:
-    """The attention layout read from the live config and module tree."""
+    """The attention layout read from the live config and module tree, and the decompositions
+    checked on the model."""
+    from headscope.capture import checks
+
     layout = loaded.layout
     config = loaded.model.config
     groups = [
@@ -65,6 +68,9 @@ def model_info(loaded: LoadedModel) -> dict[str, Any]:
         "capture": loaded.capture_mode,
         "vocab_size": getattr(config, "vocab_size", None),
         "layer_attention": layer_attention(config, layout.n_layers),
+        # Each decomposition checked on the model itself (headscope.capture.checks); a refused one
+        # carries its reason, and the analyses that need it refuse with the same reason.
+        "checks": {view: checks.check(loaded, view).to_json() for view in checks.VIEWS},
     }
 
 
