@@ -152,6 +152,13 @@ def test_info_on_both_bundled_models():
         info["kv_groups"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] and info["attention"] == "grouped-query (GQA)"
     )
     assert info["context"] == 8192 and 130e6 < info["parameters"] < 140e6
+    # Every decomposition is checked on the model itself and reproduces it.
+    assert {view: found["ok"] for view, found in info["checks"].items()} == {
+        "maps": True,
+        "dla": True,
+        "ov": True,
+    }
+    assert max(found["error"] for found in info["checks"].values()) < 1e-3
     table = invoke("info", "minilm-l6")
     assert table.exit_code == 0
     for needle in (
@@ -160,6 +167,8 @@ def test_info_on_both_bundled_models():
         "384 (= 12 × 32)",
         "512 tokens",
         "BertModel",
+        "check: maps    ok",
+        "check: dla     refused: the model has no LM head",
     ):
         assert needle in table.stdout
 
