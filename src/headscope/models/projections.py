@@ -62,6 +62,7 @@ OTHER_NORM_NAMES = frozenset(
 PRE_SELF_ATTN_LAYER_NORM = frozenset({"XGLMDecoderLayer"})
 # The output projection's name inside the attention module.
 OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "Wo")
+# Separate value projections: Llama and kin, BERT-style (inside ``.self``), DistilBERT.
 VALUE_NAMES = ("v_proj", "value", "v_lin")
 DIFFERENTIAL_REASON = (
     "differential attention: a head's output is the difference of two softmax maps, normalised per "
@@ -104,7 +105,7 @@ def input_norm(block: nn.Module) -> nn.Module | None:
             return None if isinstance(module, nn.Identity) else module
     norms = {name: child for name, child in block.named_children() if "norm" in type(child).__name__.lower()}
     shared = norms.pop("self_attn_layer_norm", None)
-    if shared is not None:
+    if shared is not None:  # XGLM: pre-norm; OPT: pre-norm unless do_layer_norm_before is False (350m)
         if type(block).__name__ in PRE_SELF_ATTN_LAYER_NORM or getattr(block, "do_layer_norm_before", False):
             return shared
         if getattr(block, "do_layer_norm_before", None) is None:
