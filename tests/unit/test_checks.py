@@ -104,6 +104,7 @@ def test_a_broken_streaming_function_falls_back_to_eager_under_auto(monkeypatch)
     from headscope.capture import stream
 
     loaded = _fresh(tiny_llama())
+    loaded.capture_requested = "auto"  # as hs.load(model, tokenizer) leaves it by default
     assert loaded.capture_mode == "stream"
     real = stream.streaming_attention
 
@@ -118,3 +119,21 @@ def test_a_broken_streaming_function_falls_back_to_eager_under_auto(monkeypatch)
     checks.require(loaded, "maps")
     assert loaded.capture_mode == "eager"
     assert checks.check(loaded, "maps").ok
+
+
+def test_under_stream_a_broken_streaming_function_is_refused(monkeypatch):
+    from transformers import AttentionInterface
+
+    from headscope.capture import stream
+
+    loaded = _fresh(tiny_llama())  # loaded with capture="stream": no fallback
+    real = stream.streaming_attention
+
+    def broken(module, query, key, value, attention_mask, **kwargs):
+        out, weights = real(module, query, key, value, attention_mask, **kwargs)
+        return out * 1.5, weights
+
+    stream.register_streaming_attention()
+    monkeypatch.setitem(AttentionInterface._global_mapping, stream.STREAM_IMPLEMENTATION, broken)
+    with pytest.raises(Unsupported, match="streamed attention differs"):
+        checks.require(loaded, "maps")

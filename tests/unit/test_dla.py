@@ -15,10 +15,10 @@ from conftest import word_tokenizer
 import headscope as hs
 from headscope import capture
 from headscope.capture.dla import HeadWrites, logit_constant
-from headscope.models.anatomy import blocks as model_blocks
-from headscope.models.anatomy import post_attention_norm
 from headscope.capture.patching import record_block_inputs, rerun_block
 from headscope.models import LoadedModel
+from headscope.models.anatomy import blocks as model_blocks
+from headscope.models.anatomy import post_attention_norm
 
 
 def _loaded(model, config) -> LoadedModel:

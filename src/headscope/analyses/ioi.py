@@ -391,7 +391,12 @@ def ioi(
     )
     notes = []
     movers = _name_movers(table, data, "nm")
-    if patch and movers:
+    if patch and movers and loaded.capture_mode != "stream":
+        # Path patching holds the receivers' keys and values, which the streaming function records.
+        notes.append(
+            f"{data}: no S-inhibition path patching: it needs streaming capture, and this model runs eager"
+        )
+    elif patch and movers:
         results.append(s_inhibition(loaded, clean, corrupt, movers, n, data, progress))
         table = assign_roles(
             head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule

@@ -162,8 +162,9 @@ def weights(
     unembed = circuits.unembed
     own_rows = unembed[sample]
     rivals = Candidates.of(candidates, unembed, generator)
-    advance = progress("weights", n_layers) if progress else None
-    for index in range(n_layers):
+    attending = layout.attention_layers  # a hybrid's other layers have no heads (dropped from the table)
+    advance = progress("weights", len(attending)) if progress else None
+    for index in attending:
         layer = circuits.layer(index)
         inputs = circuits.layer_inputs(layer, index, raw, effective)  # [N + P, D]
         values = layer.values(inputs)  # [kv, N + P, Dv]
@@ -191,24 +192,32 @@ def weights(
     baseline = k / len(candidates)
     ones = torch.ones(n_tokens, dtype=torch.float64)
     vocab_base = torch.full((n_tokens,), baseline, dtype=torch.float64)
+    notes: list[str] = []
     results = [
         DetectorResult("weights", "copying", "", top, ones, vocab_base, "top-k", VOCAB_DATA),
         DetectorResult(
             "weights", "suppression", "", bottom, ones.clone(), vocab_base.clone(), "bottom-k", VOCAB_DATA
         ),
-        DetectorResult(
-            "weights",
-            "eigenvalue",
-            "",
-            eigen * n_tokens,
-            torch.tensor([float(n_tokens)], dtype=torch.float64),
-            torch.zeros(1, dtype=torch.float64),
-            "random-matrix",
-            VOCAB_DATA,
-            interval=False,
-        ),
     ]
-    notes: list[str] = []
+    if bool(eigen.isnan().any()):
+        notes.append(
+            "eigenvalue: not scored: the value path runs through a norm (latent attention), so no head "
+            "has a W_V matrix"
+        )
+    else:
+        results.append(
+            DetectorResult(
+                "weights",
+                "eigenvalue",
+                "",
+                eigen * n_tokens,
+                torch.tensor([float(n_tokens)], dtype=torch.float64),
+                torch.zeros(1, dtype=torch.float64),
+                "random-matrix",
+                VOCAB_DATA,
+                interval=False,
+            )
+        )
     for name in pair_sources:
         if not pair_sources[name]:
             notes.append(

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from headscope.errors import HeadscopeError, Unsupported
+from headscope.errors import HeadscopeError, RunFailure, Unsupported
 from headscope.models import anatomy, projections
 
 from .batch import Batch, make_batches
@@ -169,6 +169,15 @@ def _first(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, tuple | list) else value
 
 
+def _cloned(value: Any) -> Any:
+    """A copy of a module's output: blocks add to it in place (Falcon's ``mlp_output += attention``)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple | list):
+        return type(value)(_cloned(v) for v in value)
+    return value
+
+
 def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
@@ -199,6 +208,14 @@ def _forward(loaded: Any, batch: Batch, **extra: Any) -> Any:
 
 def _check_maps(loaded: Any) -> Conformance:
     from .stream import prepared, run
+
+    try:
+        blocks = anatomy.blocks(loaded.model)
+    except RunFailure:  # ALBERT shares one block across layers; the maps need no block list
+        blocks = []
+    for index in attention_layers(loaded) if blocks else []:
+        # Raises Unsupported for attention that is not one softmax map per head (DiffLlama).
+        projections.output_module(projections.attention_module(blocks[index]))
 
     batch = _batch(loaded, [14, 9])
     valid = batch.attention_mask.cpu()
@@ -341,7 +358,7 @@ def _check_dla(loaded: Any) -> Conformance:
             for number, module in enumerate(frozen[index]):
                 handles.append(
                     module.register_forward_hook(
-                        lambda _m, _a, out, key=(index, number): frozen_out.__setitem__(key, out)
+                        lambda _m, _a, out, key=(index, number): frozen_out.__setitem__(key, _cloned(out))
                     )
                 )
         handles.append(
@@ -390,7 +407,9 @@ def _check_dla(loaded: Any) -> Conformance:
             )
             for number, module in enumerate(frozen[index]):
                 handles.append(
-                    module.register_forward_hook(lambda _m, _a, _out, key=(index, number): frozen_out[key])
+                    module.register_forward_hook(
+                        lambda _m, _a, _out, key=(index, number): _cloned(frozen_out[key])
+                    )
                 )
         _forward(loaded, batch)
     for index, layer in layers.items():
@@ -439,6 +458,8 @@ def _check_dla(loaded: Any) -> Conformance:
 
 
 def _check_ov(loaded: Any) -> Conformance:
+    from .stream import run
+
     blocks = anatomy.blocks(loaded.model)
     layers = _layers(loaded)
     config = anatomy.text_config(loaded.model.config)
@@ -470,7 +491,15 @@ def _check_ov(loaded: Any) -> Conformance:
                     lambda _m, _a, out, i=index: projected.__setitem__(i, _first(out).detach().clone())
                 )
             )
-        _forward(loaded, batch)
+        # Each head's weight on the one key: 1, but for attention sinks (GPT-OSS), which take a share.
+        weight_on_self: dict[int, torch.Tensor] = {}
+        run(
+            loaded,
+            [batch],
+            lambda layer, weights, _b, _q: weight_on_self.__setitem__(
+                layer, weights[:, :, 0, 0].double().cpu()
+            ),
+        )
     errors = {"one-token output": 0.0, "input norm": 0.0}
     for index, layer in layers.items():
         path = projections.value_path(layer.attention, config)
@@ -478,7 +507,8 @@ def _check_ov(loaded: Any) -> Conformance:
         with torch.inference_mode():
             values = path(x).double().cpu()  # [N, kv, dv]
         w_o = layer.w_o.double().cpu()
-        expected = torch.einsum("nhd,hde->ne", values[:, torch.arange(n_heads) // group], w_o)
+        per_head = values[:, torch.arange(n_heads) // group] * weight_on_self[index][..., None]
+        expected = torch.einsum("nhd,hde->ne", per_head, w_o)
         if layer.b_o is not None:
             expected = expected + layer.b_o.detach().double().cpu()
         errors["one-token output"] = max(

@@ -23,6 +23,19 @@ def text_config(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def base_model(model: Any) -> Any:
+    """The model without its head: ``base_model``, or, where that names the model itself (Llama 4
+    text, whose ``base_model_prefix`` is not its attribute), its one inner pretrained model."""
+    base = getattr(model, "base_model", model)
+    if base is model:
+        from transformers import PreTrainedModel
+
+        inner = [child for child in model.children() if isinstance(child, PreTrainedModel)]
+        if len(inner) == 1:
+            return inner[0]
+    return base
+
+
 def decoder(model: Any) -> torch.nn.Module:
     """The module that holds the blocks: the decoder of a causal LM, the encoder model itself."""
     getter = getattr(model, "get_decoder", None)
@@ -31,15 +44,21 @@ def decoder(model: Any) -> torch.nn.Module:
             found = getter()
         except (AttributeError, ValueError, NotImplementedError):
             found = None
-        if isinstance(found, torch.nn.Module):
+        # get_decoder() can name a head's Linear called "decoder" (ModernBERT's MLM head): the
+        # decoder must hold the blocks.
+        if (
+            isinstance(found, torch.nn.Module)
+            and found is not model
+            and any(isinstance(m, torch.nn.ModuleList) for m in found.modules())
+        ):
             return found
-    return getattr(model, "base_model", model)
+    return base_model(model)
 
 
 def blocks(model: Any) -> list[torch.nn.Module]:
     """The model's ``num_hidden_layers`` blocks, in order: the shallowest ``ModuleList`` of that length."""
     n_layers = int(text_config(model.config).num_hidden_layers)
-    root = decoder(model)
+    root = base_model(model)
     candidates = [
         (name.count("."), name, module)
         for name, module in root.named_modules()

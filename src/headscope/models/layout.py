@@ -175,7 +175,9 @@ class LoadedModel:
 
     @property
     def base(self) -> Any:
-        return getattr(self.model, "base_model", self.model)
+        from .anatomy import base_model
+
+        return base_model(self.model)
 
     @property
     def has_lm_head(self) -> bool:

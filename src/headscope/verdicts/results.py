@@ -70,6 +70,10 @@ def head_table(
             "role_null": role_null,
         }
         frame = pd.DataFrame(rows)
+        # Hybrid models (Jamba, Qwen3-Next): layers without softmax attention have no heads to score.
+        attending = set(getattr(layout, "attention_layers", range(layers)))
+        if len(attending) < layers:
+            frame = frame[frame["layer"].isin(attending)].reset_index(drop=True)
         frame["rank"] = frame["score"].rank(ascending=False, method="first").astype(int)
         frames.append(frame)
     if not frames:
