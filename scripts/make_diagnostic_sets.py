@@ -66,18 +66,64 @@ def attach(dep: Tok, head: Tok, rel: str) -> None:
 
 # --- English -----------------------------------------------------------------------------------
 
-EN_AGENTS = ["teacher", "farmer", "doctor", "child", "student", "pilot", "artist", "neighbor", "baker",
-             "nurse", "driver", "singer", "engineer", "captain", "waiter", "writer"]
-EN_THINGS = ["letter", "door", "book", "window", "picture", "apple", "car", "song", "bridge", "map",
-             "box", "umbrella", "key", "painting", "ticket", "basket"]
+EN_AGENTS = [
+    "teacher",
+    "farmer",
+    "doctor",
+    "child",
+    "student",
+    "pilot",
+    "artist",
+    "neighbor",
+    "baker",
+    "nurse",
+    "driver",
+    "singer",
+    "engineer",
+    "captain",
+    "waiter",
+    "writer",
+]
+EN_THINGS = [
+    "letter",
+    "door",
+    "book",
+    "window",
+    "picture",
+    "apple",
+    "car",
+    "song",
+    "bridge",
+    "map",
+    "box",
+    "umbrella",
+    "key",
+    "painting",
+    "ticket",
+    "basket",
+]
 EN_PLACES = ["garden", "river", "table", "station", "park", "kitchen", "market", "library", "hill", "office"]
 EN_ADJ = ["old", "young", "tall", "quiet", "busy", "small", "heavy", "red", "new", "bright", "tired", "empty"]
 EN_ADV = ["quickly", "carefully", "often", "rarely", "slowly", "quietly", "finally", "suddenly"]
 EN_AUX = ["will", "can", "should", "must", "might", "could", "would", "may"]
-EN_VERBS = [("opened", "open"), ("painted", "paint"), ("carried", "carry"), ("found", "find"),
-            ("cleaned", "clean"), ("watched", "watch"), ("fixed", "fix"), ("wrote", "write"),
-            ("bought", "buy"), ("moved", "move"), ("dropped", "drop"), ("sold", "sell"),
-            ("borrowed", "borrow"), ("hid", "hide"), ("lost", "lose"), ("checked", "check")]
+EN_VERBS = [
+    ("opened", "open"),
+    ("painted", "paint"),
+    ("carried", "carry"),
+    ("found", "find"),
+    ("cleaned", "clean"),
+    ("watched", "watch"),
+    ("fixed", "fix"),
+    ("wrote", "write"),
+    ("bought", "buy"),
+    ("moved", "move"),
+    ("dropped", "drop"),
+    ("sold", "sell"),
+    ("borrowed", "borrow"),
+    ("hid", "hide"),
+    ("lost", "lose"),
+    ("checked", "check"),
+]
 EN_PREP = ["in", "near", "on", "at", "behind", "beside"]
 EN_MARK = ["because", "when", "after", "although", "before", "while", "if"]
 EN_DET = ["the", "a", "this", "that", "every"]
@@ -155,8 +201,18 @@ def english_sentence(rng: random.Random) -> Sent:
 # --- Chinese -----------------------------------------------------------------------------------
 
 ZH_NAMES = ["小明", "小红", "小刚", "小丽", "张伟", "王芳", "李雷", "韩梅梅", "老王", "小雪"]
-ZH_PEOPLE = [("老师", "位"), ("医生", "位"), ("学生", "个"), ("司机", "位"), ("农民", "个"),
-             ("孩子", "个"), ("画家", "位"), ("邻居", "个"), ("工程师", "位"), ("厨师", "位")]
+ZH_PEOPLE = [
+    ("老师", "位"),
+    ("医生", "位"),
+    ("学生", "个"),
+    ("司机", "位"),
+    ("农民", "个"),
+    ("孩子", "个"),
+    ("画家", "位"),
+    ("邻居", "个"),
+    ("工程师", "位"),
+    ("厨师", "位"),
+]
 ZH_PERSON_ADJ = ["年轻", "老"]
 ZH_VERBS = [
     ("看", [("书", "本"), ("报纸", "份"), ("电影", "部")]),
@@ -272,15 +328,38 @@ def write_treebank(path: Path, make, rng: random.Random, spaced: bool, prefix: s
 
 EN_MEN = ["John", "David", "Michael", "Tom", "Peter", "James", "Daniel", "Robert"]
 EN_WOMEN = ["Mary", "Anna", "Lisa", "Sarah", "Emma", "Kate", "Laura", "Alice"]
-EN_MEETS = ["met {B} at the station", "called {B} last night", "visited {B} on Sunday",
-            "waited for {B} outside the library", "wrote to {B} after the trip", "sat next to {B} at dinner"]
-EN_AFTER_SUBJ = ["{P} had forgotten the tickets", "{P} looked very tired", "{P} was carrying a heavy bag",
-                 "{P} wanted to talk about the plan", "{P} had just come back from Paris",
-                 "{P} was late again"]
-EN_OBJ_CLAUSE = ["nobody had told {P} about the delay", "the teacher thanked {P} for the help",
-                 "the guard stopped {P} at the gate", "everyone waited for {P} at the door"]
-EN_SG_PL = [("painting", "photos"), ("lamp", "chairs"), ("letter", "postcards"), ("coat", "shoes"),
-            ("cake", "cookies"), ("map", "books"), ("bicycle", "cars"), ("vase", "flowers")]
+EN_MEETS = [
+    "met {B} at the station",
+    "called {B} last night",
+    "visited {B} on Sunday",
+    "waited for {B} outside the library",
+    "wrote to {B} after the trip",
+    "sat next to {B} at dinner",
+]
+EN_AFTER_SUBJ = [
+    "{P} had forgotten the tickets",
+    "{P} looked very tired",
+    "{P} was carrying a heavy bag",
+    "{P} wanted to talk about the plan",
+    "{P} had just come back from Paris",
+    "{P} was late again",
+]
+EN_OBJ_CLAUSE = [
+    "nobody had told {P} about the delay",
+    "the teacher thanked {P} for the help",
+    "the guard stopped {P} at the gate",
+    "everyone waited for {P} at the door",
+]
+EN_SG_PL = [
+    ("painting", "photos"),
+    ("lamp", "chairs"),
+    ("letter", "postcards"),
+    ("coat", "shoes"),
+    ("cake", "cookies"),
+    ("map", "books"),
+    ("bicycle", "cars"),
+    ("vase", "flowers"),
+]
 EN_SG_PL_END = [("was", "were"), ("looked", "looked"), ("had", "had")]
 EN_SG_PL_PRED = ["{V} a gift from my grandfather", "{V} on the table all week", "{V} older than the house"]
 
@@ -352,18 +431,50 @@ def english_coref(rng: random.Random, n: int) -> list[dict]:
             continue
         seen.add(text)
         assert text[pronoun[0] : pronoun[1]] in {"he", "she", "him", "her", "it", "they"}, text
-        items.append({"id": f"en-{len(items) + 1:03d}", "lang": "en", "text": text,
-                      "pronoun": pronoun, "candidates": cands, "antecedent": antecedent})
+        items.append(
+            {
+                "id": f"en-{len(items) + 1:03d}",
+                "lang": "en",
+                "text": text,
+                "pronoun": pronoun,
+                "candidates": cands,
+                "antecedent": antecedent,
+            }
+        )
     return items
 
 
 ZH_MEN = ["小明", "小刚", "小强", "大伟", "张伟", "李雷", "王磊", "刘洋"]
 ZH_WOMEN = ["小红", "小丽", "小芳", "韩梅梅", "王芳", "小雪", "李娜", "陈静"]
-ZH_MEETS = ["在车站遇到了{B}", "昨天给{B}打了电话", "星期天去看望了{B}", "在图书馆门口等{B}", "和{B}一起吃了晚饭"]
-ZH_AFTER = ["{P}忘了带票", "{P}看起来很累", "{P}拿着一个很重的包", "{P}想谈谈那个计划", "{P}刚从北京回来", "{P}又迟到了"]
-ZH_CLASSIFIED = [("幅", "风景画"), ("张", "照片"), ("本", "小说"), ("辆", "自行车"), ("只", "小猫"),
-                 ("条", "裙子"), ("把", "椅子"), ("台", "电脑"), ("双", "鞋"), ("件", "外套"),
-                 ("棵", "树"), ("杯", "茶")]
+ZH_MEETS = [
+    "在车站遇到了{B}",
+    "昨天给{B}打了电话",
+    "星期天去看望了{B}",
+    "在图书馆门口等{B}",
+    "和{B}一起吃了晚饭",
+]
+ZH_AFTER = [
+    "{P}忘了带票",
+    "{P}看起来很累",
+    "{P}拿着一个很重的包",
+    "{P}想谈谈那个计划",
+    "{P}刚从北京回来",
+    "{P}又迟到了",
+]
+ZH_CLASSIFIED = [
+    ("幅", "风景画"),
+    ("张", "照片"),
+    ("本", "小说"),
+    ("辆", "自行车"),
+    ("只", "小猫"),
+    ("条", "裙子"),
+    ("把", "椅子"),
+    ("台", "电脑"),
+    ("双", "鞋"),
+    ("件", "外套"),
+    ("棵", "树"),
+    ("杯", "茶"),
+]
 ZH_PLACES_ON = ["桌上放着", "墙边摆着", "屋里有", "院子里有", "商店里卖"]
 ZH_OWNERS = ["爷爷", "奶奶", "小明", "小红", "邻居", "老师"]
 
@@ -407,20 +518,32 @@ def chinese_coref(rng: random.Random, n: int) -> list[dict]:
         if text in seen:
             continue
         seen.add(text)
-        items.append({"id": f"zh-{len(items) + 1:03d}", "lang": "zh", "text": text,
-                      "pronoun": pronoun, "candidates": cands, "antecedent": antecedent})
+        items.append(
+            {
+                "id": f"zh-{len(items) + 1:03d}",
+                "lang": "zh",
+                "text": text,
+                "pronoun": pronoun,
+                "candidates": cands,
+                "antecedent": antecedent,
+            }
+        )
     return items
 
 
 def write_coref(path: Path, name: str, description: str, items: list[dict]) -> None:
     nearest_wrong = sum(
-        1 for it in items
+        1
+        for it in items
         if max((c for c in it["candidates"] if c[1] <= it["pronoun"][0]), key=lambda c: c[1])
         != it["candidates"][it["antecedent"]]
     )
     body = yaml.safe_dump(
         {"name": name, "description": description, "items": items},
-        allow_unicode=True, sort_keys=False, width=200, default_flow_style=None,
+        allow_unicode=True,
+        sort_keys=False,
+        width=200,
+        default_flow_style=None,
     )
     path.write_text(
         f"# Generated by scripts/make_diagnostic_sets.py; do not edit by hand.\n"
@@ -430,18 +553,28 @@ def write_coref(path: Path, name: str, description: str, items: list[dict]) -> N
 
 
 def main() -> None:
-    header = ("# Generated by scripts/make_diagnostic_sets.py; do not edit by hand.\n"
-              "# Template sentences with gold Universal Dependencies arcs, written for headscope.\n")
-    n_en = write_treebank(ROOT / "configs/syntax/en.conllu", english_sentence, random.Random(11), True,
-                          "en", header)
-    n_zh = write_treebank(ROOT / "configs/syntax/zh.conllu", chinese_sentence, random.Random(12), False,
-                          "zh", header)
-    write_coref(ROOT / "configs/coref/en.yaml", "coref-en",
-                "English pronouns resolved by gender or number agreement; two or three candidates.",
-                english_coref(random.Random(21), N_COREF))
-    write_coref(ROOT / "configs/coref/zh.yaml", "coref-zh",
-                "中文指代：他/她 由性别决定，那+量词 由量词搭配决定（那幅 = 风景画）。",
-                chinese_coref(random.Random(22), N_COREF))
+    header = (
+        "# Generated by scripts/make_diagnostic_sets.py; do not edit by hand.\n"
+        "# Template sentences with gold Universal Dependencies arcs, written for headscope.\n"
+    )
+    n_en = write_treebank(
+        ROOT / "configs/syntax/en.conllu", english_sentence, random.Random(11), True, "en", header
+    )
+    n_zh = write_treebank(
+        ROOT / "configs/syntax/zh.conllu", chinese_sentence, random.Random(12), False, "zh", header
+    )
+    write_coref(
+        ROOT / "configs/coref/en.yaml",
+        "coref-en",
+        "English pronouns resolved by gender or number agreement; two or three candidates.",
+        english_coref(random.Random(21), N_COREF),
+    )
+    write_coref(
+        ROOT / "configs/coref/zh.yaml",
+        "coref-zh",
+        "中文指代：他/她 由性别决定，那+量词 由量词搭配决定（那幅 = 风景画）。",
+        chinese_coref(random.Random(22), N_COREF),
+    )
     print(f"wrote {n_en} English and {n_zh} Chinese sentences, {N_COREF} + {N_COREF} coreference examples")
 
 
