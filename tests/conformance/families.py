@@ -118,12 +118,12 @@ FAMILIES: dict[str, Family] = {
 REFUSES: dict[str, dict[str, str]] = {
     "diffllama": {"scan": "DiffLlamaAttention: differential attention: a head's output", "induction": "DiffLlamaAttention: differential attention: a head's output", "syntax": "DiffLlamaAttention: differential attention: a head's output", "coref": "DiffLlamaAttention: differential attention: a head's output", "retrieval": "DiffLlamaAttention: differential attention: a head's output", "ioi": "DiffLlamaAttention: differential attention: a head's output", "weights": "DiffLlamaAttention: differential attention: a head's output"},
     "qwen3_next": {"weights": "Qwen3NextAttention: gated attention: q_proj also yields a"},
-    "bert": {"retrieval": "BertForMaskedLM is not a causal language model; retrieval", "ioi": "cannot find the final norm of BertForMaskedLM; direct logit", "weights": "cannot find the final norm of BertForMaskedLM; direct logit"},
-    "roberta": {"retrieval": "RobertaForMaskedLM is not a causal language model;", "ioi": "cannot find the final norm of RobertaForMaskedLM; direct", "weights": "cannot find the final norm of RobertaForMaskedLM; direct"},
-    "distilbert": {"retrieval": "DistilBertForMaskedLM is not a causal language model;", "ioi": "cannot find the final norm of DistilBertForMaskedLM; direct", "weights": "cannot find the final norm of DistilBertForMaskedLM; direct"},
-    "electra": {"retrieval": "ElectraForMaskedLM is not a causal language model;", "ioi": "cannot find the final norm of ElectraForMaskedLM; direct", "weights": "cannot find the final norm of ElectraForMaskedLM; direct"},
-    "albert": {"retrieval": "AlbertForMaskedLM is not a causal language model; retrieval", "ioi": "cannot find the 2 blocks of AlbertForMaskedLM", "weights": "cannot find the 2 blocks of AlbertForMaskedLM"},
-    "modernbert": {"retrieval": "ModernBertForMaskedLM is not a causal language model;", "ioi": "final norm and LM head give the logits: relative error", "weights": "final norm and LM head give the logits: relative error"},
+    "bert": {"retrieval": "BertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of BertForMaskedLM; direct logit"},
+    "roberta": {"retrieval": "RobertaForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of RobertaForMaskedLM; direct"},
+    "distilbert": {"retrieval": "DistilBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of DistilBertForMaskedLM; direct"},
+    "electra": {"retrieval": "ElectraForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of ElectraForMaskedLM; direct"},
+    "albert": {"retrieval": "AlbertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the 2 blocks of AlbertForMaskedLM"},
+    "modernbert": {"retrieval": "ModernBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "final norm and LM head give the logits: relative error"},
 }
 KNOWN_CRASH: dict[str, dict[str, str]] = {}
 EAGER: set[str] = {"falcon", "bloom", "mpt", "gpt_neo", "xglm"}

@@ -339,7 +339,6 @@ def ioi(
 ) -> tuple[Report, IOIOutcome, dict[str, list[capture.Batch]]]:
     """Score every head on an IOI set. Returns the report, the model's outcome, and the batches
     (clean and corrupted, for ``--verify``)."""
-    capture.checks.require(loaded, "dla")
     if not (loaded.is_causal and loaded.has_lm_head):
         raise InputError(
             "ioi reads the model's prediction of the next name, so it needs a causal language model"
@@ -347,6 +346,7 @@ def ioi(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     check_resamples(n_resamples)
+    capture.checks.require(loaded, "dla")
     data = ioi_set.name
     clean_prompts, corrupt_prompts, single = encode_ioi(loaded, ioi_set, seed)
     n = len(clean_prompts)

@@ -112,9 +112,10 @@ def weights(
     progress: ProgressFactory | None = None,
 ) -> Report:
     """Score every head's OV circuit: copying, suppression, eigenvalue copying and successor."""
-    capture.checks.require(loaded, "dla", "ov")
     check_options(tokens, k, embedding)
     check_resamples(n_resamples)
+    if loaded.has_lm_head:  # without one, Circuits says so as bad input
+        capture.checks.require(loaded, "dla", "ov")
     started = time.perf_counter()
     task_sets = list(task_sets) if task_sets is not None else load_task_sets(None)
     circuits = Circuits(loaded)
