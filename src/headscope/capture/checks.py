@@ -165,6 +165,14 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max()) / scale
 
 
+def _verdict(loaded: Any, view: str, errors: dict[str, float], failed: str, how: str) -> Conformance:
+    """The check's outcome from its parts' largest relative errors: refused on the worst part."""
+    worst = max(errors, key=lambda k: errors[k])
+    error = errors[worst]
+    ok = error <= tolerance(loaded)
+    return Conformance(view, ok, error, "" if ok else f"{worst}{failed}: relative error {error:.2e}", how)
+
+
 def _first(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, tuple | list) else value
 
@@ -442,14 +450,11 @@ def _check_dla(loaded: Any) -> Conformance:
     if cap is not None:
         rebuilt = torch.tanh(rebuilt / cap) * cap
     errors["final norm and LM head give the logits"] = _relative(rebuilt, logits)
-    worst = max(errors, key=lambda k: errors[k])
-    error = errors[worst]
-    ok = error <= tolerance(loaded)
-    return Conformance(
+    return _verdict(
+        loaded,
         "dla",
-        ok,
-        error,
-        "" if ok else f"{worst}: relative error {error:.2e}",
+        errors,
+        "",
         "heads' writes = W_O output; residual update with MLPs frozen; final norm + LM head = logits",
     )
 
@@ -460,7 +465,6 @@ def _check_dla(loaded: Any) -> Conformance:
 def _check_ov(loaded: Any) -> Conformance:
     from .stream import run
 
-    blocks = anatomy.blocks(loaded.model)
     layers = _layers(loaded)
     config = anatomy.text_config(loaded.model.config)
     n_heads, n_kv = loaded.layout.n_heads, loaded.layout.n_kv_heads
@@ -518,14 +522,10 @@ def _check_ov(loaded: Any) -> Conformance:
         with torch.inference_mode():
             normed = norm(block_in[index]) if norm is not None else block_in[index]
         errors["input norm"] = max(errors["input norm"], _relative(normed, attention_in[index]))
-    del blocks
-    worst = max(errors, key=lambda k: errors[k])
-    error = errors[worst]
-    ok = error <= tolerance(loaded)
-    return Conformance(
+    return _verdict(
+        loaded,
         "ov",
-        ok,
-        error,
-        "" if ok else f"{worst} not reproduced from the extracted weights: relative error {error:.2e}",
+        errors,
+        " not reproduced from the extracted weights",
         "one-token pass: Σ_h value(x)·W_O[h] + b_O = the module's output; input norm = the block's",
     )
