@@ -200,22 +200,19 @@ def _hooks() -> Iterator[list[Any]]:
             handle.remove()
 
 
-def _forward(loaded: Any, batch: Batch, **extra: Any) -> Any:
+def _forward(loaded: Any, batch: Batch) -> Any:
     """One forward pass of the full model (LM head included), as an analysis runs it."""
-    from .stream import prepared
+    from .stream import model_inputs, prepared
 
-    kwargs = {"use_cache": False} if loaded.is_causal else {}
     with prepared(loaded), torch.inference_mode():
-        return loaded.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), **kwargs, **extra
-        )
+        return loaded.model(**model_inputs(loaded, batch))
 
 
 # --- maps ----------------------------------------------------------------------------------------------
 
 
 def _check_maps(loaded: Any) -> Conformance:
-    from .stream import prepared, run
+    from .stream import STREAM_IMPLEMENTATION, model_inputs, prepared, run
 
     try:
         blocks = anatomy.blocks(loaded.model)
@@ -248,16 +245,8 @@ def _check_maps(loaded: Any) -> Conformance:
     with prepared(loaded), torch.inference_mode():
         model.set_attn_implementation("eager")
         try:
-            kwargs = {"use_cache": False} if loaded.is_causal else {}
-            out = loaded.base(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask.long(),
-                output_attentions=True,
-                **kwargs,
-            )
+            out = loaded.base(**model_inputs(loaded, batch), output_attentions=True)
         finally:
-            from .stream import STREAM_IMPLEMENTATION
-
             model.set_attn_implementation(STREAM_IMPLEMENTATION)
     eager = [a for a in (out.attentions or ()) if a is not None]
     layers = sorted(streamed)

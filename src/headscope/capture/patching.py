@@ -26,7 +26,7 @@ from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
 from .dla import HeadWrites
-from .stream import LayerCallback, _sink, prepared
+from .stream import LayerCallback, _sink, model_inputs, prepared
 
 
 @dataclass
@@ -67,8 +67,7 @@ def record_block_inputs(
 
         handles.append(blocks[layer].register_forward_pre_hook(pre, with_kwargs=True))
     on_device = batch.to(loaded.device)
-    inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
-    extra = {"use_cache": False} if loaded.is_causal else {}
+    inputs = model_inputs(loaded, on_device)
     try:
         if writes is not None:
             writes.begin(on_device)
@@ -79,7 +78,7 @@ def record_block_inputs(
             writes.hooked() if writes is not None else contextlib.nullcontext(),
         ):
             sink.record_kv = set(wanted)
-            loaded.base(**inputs, **extra)
+            loaded.base(**inputs)
         if writes is not None:
             writes.finish()
     finally:

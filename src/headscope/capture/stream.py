@@ -243,6 +243,15 @@ def _sink(
         _ACTIVE_SINK.reset(token)
 
 
+def model_inputs(loaded: Any, batch: Batch) -> dict[str, Any]:
+    """A forward pass's keyword arguments for an on-device batch: the ids, the padding mask, and
+    no KV cache for a causal LM (nothing is generated)."""
+    inputs: dict[str, Any] = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask.long()}
+    if loaded.is_causal:
+        inputs["use_cache"] = False
+    return inputs
+
+
 def run(
     loaded: Any,
     batches: Iterable[Batch],
@@ -279,24 +288,23 @@ def run(
     module = loaded.base
     layers = attention_layers(loaded)
     n_layers = len(layers)
-    extra = {"use_cache": False} if loaded.is_causal else {}
     with prepared(loaded), torch.inference_mode():
         for batch in batches:
             on_device = batch.to(device)
-            inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
+            inputs = model_inputs(loaded, on_device)
             if writes is not None:
                 writes.begin(on_device)
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
                     with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
-                        out = module(**inputs, **extra)
+                        out = module(**inputs)
                     if sink.calls != n_layers:
                         raise RunFailure(
                             f"expected attention from {n_layers} layers, captured {sink.calls}",
                             hint="this architecture may need --capture eager",
                         )
                 else:
-                    out = module(**inputs, **extra, output_attentions=True)
+                    out = module(**inputs, output_attentions=True)
                     attentions = [a for a in (out.attentions or ()) if a is not None]
                     if len(attentions) != n_layers:
                         raise RunFailure("the model returned no attention weights in eager mode")

@@ -153,7 +153,7 @@ class Circuits:
     def _after_block0(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The residual after block 0 for each token alone in its sequence (it attends to itself)."""
         from headscope.capture.patching import _noop
-        from headscope.capture.stream import _sink, prepared
+        from headscope.capture.stream import _sink, model_inputs, prepared
 
         loaded = self.loaded
         rows = [[int(i)] for i in ids.tolist()]
@@ -171,18 +171,17 @@ class Circuits:
             raise _Stop
 
         handle = self.blocks[0].register_forward_hook(hook)
-        extra = {"use_cache": False} if loaded.is_causal else {}
         try:
             for batch in batches:
                 on_device = batch.to(loaded.device)
-                inputs = {"input_ids": on_device.input_ids, "attention_mask": on_device.attention_mask.long()}
+                inputs = model_inputs(loaded, on_device)
                 with (
                     prepared(loaded),
                     torch.inference_mode(),
                     _sink(_noop, on_device),
                     contextlib.suppress(_Stop),
                 ):
-                    loaded.base(**inputs, **extra)
+                    loaded.base(**inputs)
                 if "hidden" not in caught:
                     raise RunFailure("block 0 never ran; cannot read the effective embeddings")
                 out[torch.as_tensor(batch.example_index)] = caught.pop("hidden")[:, 0].float().cpu()
