@@ -1,6 +1,6 @@
-"""Write docs/architectures.md: what headscope does with one tiny random model per transformers family.
+"""Write docs/reference/architectures.md: what headscope does with one tiny random model per transformers family.
 
-    HF_HUB_OFFLINE=1 python scripts/architectures.py            # rewrite docs/architectures.md
+    HF_HUB_OFFLINE=1 python scripts/architectures.py            # rewrite docs/reference/architectures.md
     HF_HUB_OFFLINE=1 python scripts/architectures.py --check    # exit 1 if it is out of date
     HF_HUB_OFFLINE=1 python scripts/architectures.py llama gpt2 # print some families' rows only
     HF_HUB_OFFLINE=1 python scripts/architectures.py --expectations  # print families.py's expectations as of now
@@ -37,7 +37,9 @@ def load_families():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", help="print these families' rows instead of writing the file")
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/architectures.md is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/reference/architectures.md is out of date"
+    )
     parser.add_argument(
         "--expectations",
         action="store_true",

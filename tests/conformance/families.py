@@ -5,7 +5,7 @@ kwargs). :func:`build` makes the model (seeded, every parameter re-drawn with st
 is far from uniform, eval mode) with the bundled MiniLM WordPiece tokenizer, so the shipped English
 prompt sets tokenize into real words. :func:`report` runs every check on one family once per
 process; ``test_families.py`` asserts on it and ``scripts/architectures.py`` renders it into
-``docs/architectures.md``.
+``docs/reference/architectures.md``.
 
 The expectations below record what happens today, honestly, including failures: a family whose
 analysis crashes with a non-headscope exception is listed in ``KNOWN_CRASH`` until it is fixed.
@@ -657,4 +657,4 @@ def markdown(reports: list[Report]) -> str:
     return "\n".join(lines) + "\n"
 
 
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "reference" / "architectures.md"

@@ -5,7 +5,7 @@ batch split into small query chunks; the decomposition checks (maps, DLA, OV) co
 as recorded; every analysis returns a non-empty table or refuses with a ``HeadscopeError`` (a crash
 is allowed only where ``KNOWN_CRASH`` records it, until it is fixed); the head layout matches the
 config and the K projection. Each family is built and run once per session (``families.report``),
-and ``docs/architectures.md`` must be what those reports render to.
+and ``docs/reference/architectures.md`` must be what those reports render to.
 """
 
 from __future__ import annotations
