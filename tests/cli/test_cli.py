@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -294,3 +295,21 @@ def test_resamples_below_the_floor_are_refused_before_loading(toy_dir):
     assert result.exit_code == 2
     assert "--resamples" in result.stderr and "at least 200" in result.stderr
     assert "Traceback" not in result.stderr and "layers" not in result.stderr
+
+
+def test_scan_prints_parts_as_they_finish_and_profiles(toy_dir, toy_texts, tmp_path):
+    """Printed part by part (stdout) or at the end (-o FILE), the text is the same; --profile
+    names each step with its seconds on stderr."""
+    args = ("scan", toy_dir, "--text", toy_texts, "--top", 2, "--resamples", 200)
+    live = invoke(*args, "--profile")
+    assert live.exit_code == 0, live.stderr
+    target = tmp_path / "scan.txt"
+    at_end = invoke(*args, "-o", target)
+    assert at_end.exit_code == 0, at_end.stderr
+    assert live.stdout.split() == target.read_text().split()  # the file is wider: captions wrap elsewhere
+    (line,) = [line for line in live.stderr.splitlines() if line.startswith("profile: ")]
+    steps = dict(re.findall(r"([\w/.,() -]+?) (\d+\.\d) s", line.removeprefix("profile: ")))
+    assert {"load", "text", "repeated-tokens", "syntax/en.conllu", "weights", "roles", "total"} <= {
+        k.strip(" ·") for k in steps
+    }
+    assert "profile:" not in at_end.stderr

@@ -278,3 +278,27 @@ def test_verify_with_progress_bars_and_table_checks_in_json(toy_result):
     again = hs.Result.from_json(toy_result.to_json())
     assert len(again.checks) == len(checks)
     assert again.table.ci_low.dtype == float
+
+
+def test_scan_hands_over_each_part_with_its_final_numbers(toy_dir, toy_texts):
+    """A progress reporter with ``on_part`` gets each finished step of the scan at once (the CLI
+    prints its tables then); its scores and intervals are the final ones, in the final order."""
+    parts = []
+
+    class Reporter:
+        def __call__(self, label, total):
+            return lambda n: None
+
+        def on_part(self, report):
+            parts.append(report)
+
+    result = hs.scan(str(toy_dir), text=toy_texts, resamples=200, seq_len=20, n_seqs=8, progress=Reporter())
+    assert {s.data for s in parts[0].sections} == {"symbols"}  # the natural-text part comes first
+    assert [s for p in parts for s in p.sections] == result.report.sections
+    columns = ["detector", "relation", "direction", "data", "layer", "head", "score", "ci_low", "ci_high"]
+    handed = pd.concat([p.table for p in parts], ignore_index=True)[columns]
+    pd.testing.assert_frame_equal(handed, result.table[columns])
+    assert not any(p.table.role.astype(bool).any() for p in parts)  # roles are decided at the end
+    steps = result.report.timings
+    assert list(steps)[:3] == ["text", "repeated-tokens", "syntax/en.conllu"]
+    assert steps.keys() >= {"weights", "roles"} and all(t >= 0 for t in steps.values())

@@ -98,6 +98,8 @@ class Report:
     layout: HeadLayout | None = None  # the role map marks global layers where layers differ
     # Model-level results of circuit analyses, by data name (IOIOutcome, NeedleOutcome).
     outcomes: dict[str, Any] = field(default_factory=dict)
+    # Wall-clock seconds per step (scan: per data set), for --profile; not part of any output file.
+    timings: dict[str, float] = field(default_factory=dict, repr=False)
 
 
 def _summary(result: DetectorResult) -> str:

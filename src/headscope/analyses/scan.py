@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pandas as pd
 
 from headscope import capture
 from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
@@ -77,33 +83,30 @@ def scan(
     repeat = repeat or RepeatSpec(seed=seed)
     if not isinstance(text_set, PromptSet):
         text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
-    prompt_set = text_set
-    results: list[DetectorResult] = []
-    descriptions: dict[str, str] = {}
-    notes: list[str] = []
-    inputs: dict[str, list[capture.Batch]] = {}
-    repeat_info: tuple[RepeatSpec, int] | None = None
+    parts = _Parts(loaded, n_resamples, seed, progress)
 
     text_detectors = _detectors_for("text", detector_names)
     if text_detectors:
-        sequences, specials = encode_texts(loaded, prompt_set)
-        batches = model_batches(loaded, sequences, specials, batch_size)
-        descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
-        inputs[prompt_set.name] = batches
-        results += score_batches(
-            loaded, batches, text_detectors, len(sequences), prompt_set.name, progress=progress
-        )
+        with parts.part("text") as part:
+            sequences, specials = encode_texts(loaded, text_set)
+            batches = model_batches(loaded, sequences, specials, batch_size)
+            part.descriptions[text_set.name] = f"{display_path(text_set.path)} ({len(sequences)} texts)"
+            part.inputs[text_set.name] = batches
+            part.results += score_batches(
+                loaded, batches, text_detectors, len(sequences), text_set.name, progress=progress
+            )
 
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
-        sequences, specials, offset = repeated_tokens(loaded, repeat)
-        batches = model_batches(loaded, sequences, specials, batch_size)
-        descriptions["repeated-tokens"] = _repeat_description(repeat)
-        inputs["repeated-tokens"] = batches
-        repeat_info = (repeat, offset)
-        results += score_batches(
-            loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
-        )
+        with parts.part("repeated-tokens") as part:
+            sequences, specials, offset = repeated_tokens(loaded, repeat)
+            batches = model_batches(loaded, sequences, specials, batch_size)
+            part.descriptions["repeated-tokens"] = _repeat_description(repeat)
+            part.inputs["repeated-tokens"] = batches
+            parts.repeat = (repeat, offset)
+            part.results += score_batches(
+                loaded, batches, token_detectors, len(sequences), "repeated-tokens", progress=progress
+            )
 
     for source, names, score_set in (
         ("treebank", DEFAULT_TREEBANKS, syntax),
@@ -112,35 +115,27 @@ def scan(
         if not _detectors_for(source, detector_names):
             continue
         for name in names:
-            try:
-                part = score_set(
-                    loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress
-                )
-            except InputError as exc:
-                # A shipped set this model's tokenizer cannot align (every arc inside one token,
-                # say) is reported and left out; it does not stop the rest of the scan.
-                notes.append(f"{name}: not scored: {exc}")
-                continue
-            results += part.results
-            descriptions.update({s.data: s.description for s in part.sections})
-            # The part ran without intervals on purpose (the scan bootstraps once, below).
-            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
-            inputs.update(part.inputs)
+            with parts.part(name) as part:
+                try:
+                    found = score_set(
+                        loaded, builtin(name), batch_size=batch_size, n_resamples=0, progress=progress
+                    )
+                except InputError as exc:
+                    # A shipped set this model's tokenizer cannot align (every arc inside one token,
+                    # say) is reported and left out; it does not stop the rest of the scan.
+                    parts.notes.append(f"{name}: not scored: {exc}")
+                    continue
+                # The part ran without intervals on purpose (the scan bootstraps once, per part).
+                part.merge(found, without=uncertainty_notes(found.results, 0))
 
-    outcomes: dict = {}
     circuits = [s for s in ("ioi", "retrieval") if _detectors_for(s, detector_names)]
     if circuits and not (loaded.is_causal and loaded.has_lm_head):
-        notes.append(
+        parts.notes.append(
             f"{', '.join(circuits)}: not run: they read next-token predictions of a causal language model"
         )
         circuits = []
     for source in circuits:
-        for part in _circuit_parts(loaded, source, batch_size, n_resamples, seed, role_rule, progress, notes):
-            results += part.results
-            descriptions.update({s.data: s.description for s in part.sections})
-            notes += [n for n in part.notes if n not in uncertainty_notes(part.results, n_resamples)]
-            inputs.update(part.inputs)
-            outcomes.update(part.outcomes)
+        _circuit_parts(loaded, source, batch_size, n_resamples, seed, role_rule, progress, parts)
 
     if include_weights is None:
         include_weights = detector_names is None
@@ -148,33 +143,95 @@ def scan(
         if loaded.has_lm_head:
             from .weights import weights
 
-            try:
-                part = weights(loaded, n_resamples=0, seed=seed, progress=progress)
-            except Unsupported as exc:
-                notes.append(f"weights: not run: {exc}")
-            else:
-                results += part.results
-                descriptions.update({s.data: s.description for s in part.sections})
-                notes += [n for n in part.notes if n not in uncertainty_notes(part.results, 0)]
-                outcomes.update(part.outcomes)
+            with parts.part("weights") as part:
+                try:
+                    found = weights(loaded, n_resamples=0, seed=seed, progress=progress)
+                except Unsupported as exc:
+                    parts.notes.append(f"weights: not run: {exc}")
+                else:
+                    part.merge(found, without=uncertainty_notes(found.results, 0))
         else:
-            notes.append("weights: not run: the OV token tests read logits, and this model has no LM head")
+            parts.notes.append(
+                "weights: not run: the OV token tests read logits, and this model has no LM head"
+            )
 
-    table = assign_roles(
-        head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), role_rule
-    )
+    started = time.perf_counter()
+    frames = [p.table for p in parts.done if len(p.table)]
+    table = pd.concat(frames, ignore_index=True) if frames else head_table([], loaded.layout, loaded.name)
+    table = assign_roles(table, role_rule)
+    parts.timings["roles"] = time.perf_counter() - started
+    results = [r for p in parts.done for r in p.results]
+    descriptions = {k: v for p in parts.done for k, v in p.descriptions.items()}
     return Report(
         loaded.name,
         table,
         _sections(results, descriptions),
         loaded.capture_mode,
-        notes=notes + uncertainty_notes(results, n_resamples),
+        notes=parts.notes + uncertainty_notes(results, n_resamples),
         results=results,
-        inputs=inputs,
-        repeat=repeat_info,
+        inputs={k: v for p in parts.done for k, v in p.inputs.items()},
+        repeat=parts.repeat,
         layout=loaded.layout,
-        outcomes=outcomes,
+        outcomes={k: v for p in parts.done for k, v in p.outcomes.items()},
+        timings=parts.timings,
     )
+
+
+@dataclass
+class _Part:
+    """One step of the scan (a data set through its detectors): what it found, and its table."""
+
+    name: str
+    results: list[DetectorResult] = field(default_factory=list)
+    descriptions: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, list[capture.Batch]] = field(default_factory=dict)
+    outcomes: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    table: pd.DataFrame | None = None
+
+    def merge(self, report: Report, without: Sequence[str] = ()) -> None:
+        self.results += report.results
+        self.descriptions.update({s.data: s.description for s in report.sections})
+        self.notes += [n for n in report.notes if n not in without]
+        self.inputs.update(report.inputs)
+        self.outcomes.update(report.outcomes)
+
+
+class _Parts:
+    """The scan's steps in order, each timed, tabled once (intervals per table do not depend on the
+    other tables), and handed to the progress reporter's ``on_part`` (the CLI prints it at once)."""
+
+    def __init__(self, loaded: LoadedModel, n_resamples: int, seed: int, progress: Any) -> None:
+        self.loaded, self.n_resamples, self.seed = loaded, n_resamples, seed
+        self.on_part = getattr(progress, "on_part", None)
+        self.done: list[_Part] = []
+        self.notes: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.repeat: tuple[RepeatSpec, int] | None = None
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[_Part]:
+        started = time.perf_counter()
+        part = _Part(name)
+        yield part
+        part.table = head_table(
+            part.results, self.loaded.layout, self.loaded.name, n_resamples=self.n_resamples, seed=self.seed
+        )
+        self.notes += part.notes
+        self.done.append(part)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
+        if self.on_part is not None and part.results:
+            self.on_part(
+                Report(
+                    self.loaded.name,
+                    part.table,
+                    _sections(part.results, part.descriptions),
+                    self.loaded.capture_mode,
+                    results=part.results,
+                    layout=self.loaded.layout,
+                    outcomes=part.outcomes,
+                )
+            )
 
 
 def _circuit_parts(
@@ -185,50 +242,50 @@ def _circuit_parts(
     seed: int,
     role_rule: RoleRule | None,
     progress: ProgressFactory | None,
-    notes: list[str],
-) -> list[Report]:
-    """The IOI sets, or the short retrieval sweep, as reports to merge into the scan."""
+    parts: _Parts,
+) -> None:
+    """The IOI sets, or the short retrieval sweep, each as a part of the scan."""
     from headscope.data.circuits import load_haystack, load_ioi, load_retrieval
 
     from .ioi import ioi
     from .retrieval import retrieval
 
-    parts = []
     if source == "ioi":
         for name in DEFAULT_IOI_SETS:
+            with parts.part(name) as part:
+                try:
+                    report, _, _ = ioi(
+                        loaded,
+                        load_ioi(builtin(name)),
+                        batch_size=batch_size,
+                        n_resamples=n_resamples,
+                        seed=seed,
+                        role_rule=role_rule,
+                        progress=progress,
+                    )
+                except (InputError, Unsupported) as exc:
+                    parts.notes.append(f"{name}: not scored: {exc}")
+                    continue
+                part.merge(report, without=uncertainty_notes(report.results, n_resamples))
+        return
+    for needles_name, haystack_name in DEFAULT_RETRIEVAL_SETS:
+        with parts.part(needles_name) as part:
+            needles = load_retrieval(builtin(needles_name))
+            needles.items = needles.items[: SCAN_RETRIEVAL["needles"]]
             try:
-                report, _, _ = ioi(
+                report, _, _, _ = retrieval(
                     loaded,
-                    load_ioi(builtin(name)),
-                    batch_size=batch_size,
+                    needles,
+                    load_haystack(builtin(haystack_name)),
+                    contexts=(SCAN_RETRIEVAL["context"],),
+                    depths=SCAN_RETRIEVAL["depths"],
+                    batch_size=max(1, min(batch_size, 2)),
                     n_resamples=n_resamples,
                     seed=seed,
                     role_rule=role_rule,
                     progress=progress,
                 )
-            except (InputError, Unsupported) as exc:
-                notes.append(f"{name}: not scored: {exc}")
+            except InputError as exc:
+                parts.notes.append(f"{needles_name}: not scored: {exc}")
                 continue
-            parts.append(report)
-        return parts
-    for needles_name, haystack_name in DEFAULT_RETRIEVAL_SETS:
-        needles = load_retrieval(builtin(needles_name))
-        needles.items = needles.items[: SCAN_RETRIEVAL["needles"]]
-        try:
-            report, _, _, _ = retrieval(
-                loaded,
-                needles,
-                load_haystack(builtin(haystack_name)),
-                contexts=(SCAN_RETRIEVAL["context"],),
-                depths=SCAN_RETRIEVAL["depths"],
-                batch_size=max(1, min(batch_size, 2)),
-                n_resamples=n_resamples,
-                seed=seed,
-                role_rule=role_rule,
-                progress=progress,
-            )
-        except InputError as exc:
-            notes.append(f"{needles_name}: not scored: {exc}")
-            continue
-        parts.append(report)
-    return parts
+            part.merge(report, without=uncertainty_notes(report.results, n_resamples))

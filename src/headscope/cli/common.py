@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class Where(Device):
 @dataclass(kw_only=True)
 class Load(Where):
     device_map: str | None = option(None, "'auto': let accelerate spread a model too big for one device.")
+    profile: bool = option(False, "Print on stderr where the time went: loading, each step, the output.")
 
 
 @dataclass(kw_only=True)
@@ -170,25 +172,68 @@ def handle_errors(debug: bool) -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
+class PrintedParts:
+    """Prints a run's finished parts to stdout while it goes on; counts the sections it printed."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.sections = 0
+        self.holding = False
+
+    def show(self, part: Any, bars: Any) -> None:
+        from headscope.outputs import report
+
+        self.holding = self.holding or report.decided_by_whole_run(part)
+        if self.holding:
+            return
+        with bars.paused():
+            report.print_report(part, out, self.top)
+            out.file.flush()
+        self.sections += len(part.sections)
+
+
+def profile_line(loaded: float, timings: dict[str, float], run: float, output: float) -> str:
+    """``--profile``: seconds per step, the rest of the run (checks, set-up) and the total."""
+    steps = [("load", loaded), *timings.items()]
+    rest = run - sum(timings.values())
+    if timings:
+        steps.append(("other (checks, set-up)", rest))
+    else:
+        steps.append(("run", run))
+    steps += [("output", output), ("total", loaded + run + output)]
+    return "profile: " + " · ".join(f"{name} {seconds:.1f} s" for name, seconds in steps)
+
+
+class CheckedBars:
+    """The progress reporter the CLI hands to a run: bars on stderr that also stop the run at the
+    next batch after a swallowed Ctrl-C, and ``on_part`` for finished parts (None: not wanted)."""
+
+    def __init__(self, bars: Any) -> None:
+        self.bars = bars
+        self.on_part: Callable[[Any], None] | None = None
+
+    def __call__(self, label: str, total: int) -> Callable[[int], None]:
+        advance = self.bars(label, total)
+
+        def step(n: int) -> None:
+            # A Ctrl-C whose KeyboardInterrupt Python swallowed (raised inside a finaliser or a
+            # callback that ignores exceptions) still stops the run at the next batch.
+            if _INTERRUPTED:
+                raise KeyboardInterrupt
+            advance(n)
+
+        return step
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        return self.bars.paused()
+
+
 @contextlib.contextmanager
-def progress_bar() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+def progress_bar() -> Iterator[CheckedBars]:
     from headscope.outputs.progress import progress_bars
 
-    with progress_bars(err) as factory:
-
-        def checked(label: str, total: int) -> Callable[[int], None]:
-            advance = factory(label, total)
-
-            def step(n: int) -> None:
-                # A Ctrl-C whose KeyboardInterrupt Python swallowed (raised inside a finaliser or a
-                # callback that ignores exceptions) still stops the run at the next batch.
-                if _INTERRUPTED:
-                    raise KeyboardInterrupt
-                advance(n)
-
-            return step
-
-        yield checked
+    with progress_bars(err) as bars:
+        yield CheckedBars(bars)
 
 
 def load_model(model: str, load: Load, capture: str = "auto", revision: str | None = None) -> Any:
@@ -278,15 +323,34 @@ def run_analysis(
     with handle_errors(emit.debug):
         planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
+        started = time.perf_counter()
         loaded = load_model(model, load, capture)
+        loaded_seconds = time.perf_counter() - started
         with progress_bar() as progress:
+            # Tables go out as their part finishes (scan), unless a later table would hold roles
+            # that the whole run decides (the IOI tables); from there on, the rest waits for the end.
+            printed = PrintedParts(top) if emit.fmt == "table" and emit.output == "-" else None
+            if printed is not None:
+                progress.on_part = lambda part: printed.show(part, progress)
+            started = time.perf_counter()
             result = hs.run(name, loaded, planned=planned, progress=progress)
+            run_seconds = time.perf_counter() - started
+        started = time.perf_counter()
         write_output(
             emit,
-            lambda console: report.print_result(result, console, top),
+            lambda console: report.print_result(
+                result, console, top, start=printed.sections if printed is not None else 0
+            ),
             lambda: report.table_csv(result.table),
             lambda: result.to_dict(name),
         )
+        if load.profile:
+            err.print(
+                profile_line(
+                    loaded_seconds, result.report.timings, run_seconds, time.perf_counter() - started
+                ),
+                soft_wrap=True,
+            )
         for note in result.notes:
             err.print(f"note: {note}", soft_wrap=True)
         if csv is not None:

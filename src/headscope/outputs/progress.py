@@ -12,9 +12,33 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from headscope.analyses.base import ProgressFactory
 
 
+class Bars:
+    """``bars(label, total)`` adds a bar and returns ``advance(n)``. ``paused()`` takes the bars off
+    the terminal while something else prints (a finished part's tables), and puts them back."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+
+    def __call__(self, label: str, total: int) -> Callable[[int], None]:
+        task = self.bar.add_task(label, total=total)
+        return lambda n: self.bar.advance(task, n)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        # Only a bar drawn on a terminal moves the cursor (and routes stdout through itself).
+        live = self.bar.live.is_started and self.bar.console.is_terminal
+        if live:
+            self.bar.stop()
+        try:
+            yield
+        finally:
+            if live:
+                self.bar.start()
+
+
 @contextlib.contextmanager
-def progress_bars(console: Console | None = None) -> Iterator[ProgressFactory]:
-    """``factory(label, total)`` adds a bar and returns ``advance(n)``; NO_COLOR turns bars off."""
+def progress_bars(console: Console | None = None) -> Iterator[Bars]:
+    """Rich progress bars on stderr; NO_COLOR turns them off."""
     console = console or Console(stderr=True)
     bar = Progress(
         TextColumn("{task.description}"),
@@ -25,13 +49,8 @@ def progress_bars(console: Console | None = None) -> Iterator[ProgressFactory]:
         transient=True,
         disable=bool(os.environ.get("NO_COLOR")),
     )
-
-    def factory(label: str, total: int) -> Callable[[int], None]:
-        task = bar.add_task(label, total=total)
-        return lambda n: bar.advance(task, n)
-
     with bar:
-        yield factory
+        yield Bars(bar)
 
 
 @contextlib.contextmanager

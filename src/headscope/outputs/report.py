@@ -357,10 +357,17 @@ def needle_summary(outcome: Any) -> str:
     )
 
 
-def print_report(report: Report, console: Console, top: int) -> None:
+def decided_by_whole_run(report: Report) -> bool:
+    """Whether printing ``report`` (a finished part of a run) shows roles, which the whole run
+    decides (one false-discovery correction over every table): the IOI tables do."""
+    return any(section.detector == "ioi" for section in report.sections)
+
+
+def print_report(report: Report, console: Console, top: int, start: int = 0) -> None:
+    """The report's tables, from section ``start`` on (the ones before were printed as they finished)."""
     printed_syntax: set[str] = set()
     printed_ioi: set[str] = set()
-    for section in report.sections:
+    for section in report.sections[start:]:
         if section.detector == "ioi":
             if section.data in printed_ioi:
                 continue
@@ -771,13 +778,14 @@ def print_checks(checks: list[Any], console: Console, *, verified: bool, k: int 
                 console.print()
 
 
-def print_result(result: Any, console: Console, top: int) -> None:
-    """A ``headscope.Result`` for people: its tables, its checks, and (scan) the role map."""
+def print_result(result: Any, console: Console, top: int, start: int = 0) -> None:
+    """A ``headscope.Result`` for people: its tables (from section ``start`` on), its checks, and
+    (scan) the role map."""
     from headscope.analyses.protocol import get
 
     analysis = get(result.analysis)
     state = result.state
-    print_report(result.report, console, top)
+    print_report(result.report, console, top, start)
     print_checks(
         result.checks,
         console,
