@@ -1,0 +1,407 @@
+"""scripts/docs.py on small synthetic Markdown: the block parser, excerpts, commands, stamps, timings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from docs_script import load_script
+
+FENCE = "```"
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return load_script()
+
+
+def write(tmp_path: Path, text: str, name: str = "page.md") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def fake_runner(docs, outputs: dict[str, str], statuses: dict[str, int] | None = None, seconds: float = 1.0):
+    """A runner that prints what ``outputs`` says for each command, without running anything."""
+    statuses = statuses or {}
+
+    def run(block):
+        ran = [docs.Ran(c, outputs[c], statuses.get(c, 0), []) for c in block.commands]
+        errors = [
+            f"{block.where}: `{r.command}` exited {r.status}, expected {e}"
+            for r, e in zip(ran, block.exits, strict=True)
+            if r.status != e
+        ]
+        return docs.BlockRun(block, ran, seconds, errors)
+
+    return run
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+# --- parsing ----------------------------------------------------------------------------------------
+
+
+def test_parse_finds_blocks_attributes_and_bodies(docs, tmp_path):
+    page = write(
+        tmp_path,
+        "# Title\n\n"
+        '<!-- hs:output cmd="headscope scan tests/toy/model --top 3" id="toy" -->\n'
+        f"{FENCE}text\nold\n{FENCE}\n"
+        "<!-- hs:end -->\n\n"
+        '  <!-- hs:output cmd="a --x ;; b&amp;c ;;  echo &quot;hi&quot;" cost="expensive" exit="0 ;; 2 ;; 0" -->\n'
+        "  <!-- hs:end -->\n",
+    )
+    doc = docs.parse(page)
+    first, second = doc.blocks
+    assert (first.line, first.end, first.id, first.expensive) == (3, 7, "toy", False)
+    assert first.commands == ["headscope scan tests/toy/model --top 3"]
+    assert first.body == [f"{FENCE}text", "old", FENCE]
+    assert first.exits == [0]
+    assert (second.line, second.end, second.indent, second.body) == (9, 10, "  ", [])
+    assert second.commands == ["a --x", "b&c", 'echo "hi"']  # ;; splits; entities unescaped
+    assert second.exits == [0, 2, 0]
+    assert second.expensive
+
+
+def test_one_exit_status_applies_to_every_command(docs, tmp_path):
+    page = write(tmp_path, '<!-- hs:output cmd="a ;; b" exit="2" -->\n<!-- hs:end -->\n')
+    assert docs.parse(page).blocks[0].exits == [2, 2]
+
+
+def test_markers_inside_code_fences_are_examples_not_blocks(docs, tmp_path):
+    page = write(
+        tmp_path,
+        "How to mark a transcript:\n\n````markdown\n"
+        '<!-- hs:output cmd="headscope scan" -->\n```text\n$ headscope scan\n```\n<!-- hs:end -->\n'
+        "````\n\n"
+        '<!-- hs:output cmd="echo real" -->\n<!-- hs:end -->\n',
+    )
+    (block,) = docs.parse(page).blocks
+    assert block.cmd == "echo real"
+    assert block.line == 11
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ('intro\n\n<!-- hs:output cmd="echo" -->\n```text\n$ echo\n```\n', 3, "not closed"),
+        ('<!-- hs:output cmd="a" -->\n<!-- hs:output cmd="b" -->\n<!-- hs:end -->\n', 1, "not closed"),
+        ("text\n<!-- hs:end -->\n", 2, "without an opening"),
+        ('<!-- hs:output cmd="echo" colour="red" -->\n<!-- hs:end -->\n', 1, "unknown attribute 'colour'"),
+        ('<!-- hs:output id="x" -->\n<!-- hs:end -->\n', 1, 'needs cmd="..."'),
+        ('<!-- hs:output cmd="a ;; ;; b" -->\n<!-- hs:end -->\n', 1, "empty command"),
+        ('<!-- hs:output cmd="a" cost="cheapish" -->\n<!-- hs:end -->\n', 1, "cost must be"),
+        ('<!-- hs:output cmd="a" lines="5-2" -->\n<!-- hs:end -->\n', 1, 'lines="5-2"'),
+        ('<!-- hs:output cmd="a" lines="0-2" -->\n<!-- hs:end -->\n', 1, 'lines="0-2"'),
+        ('<!-- hs:output cmd="a" lines="x" -->\n<!-- hs:end -->\n', 1, 'lines="x"'),
+        ('<!-- hs:output cmd="a ;; b ;; c" exit="0 ;; 2" -->\n<!-- hs:end -->\n', 1, "one per command"),
+        ('<!-- hs:output cmd="a" exit="-1" -->\n<!-- hs:end -->\n', 1, 'exit="-1"'),
+        ('<!-- hs:output cmd="a" cmd="b" -->\n<!-- hs:end -->\n', 1, "given twice"),
+        ("<!-- hs:output cmd='single quotes' -->\n<!-- hs:end -->\n", 1, "malformed hs:output"),
+        ('Text <!-- hs:output cmd="a" --> inline\n<!-- hs:end -->\n', 1, "alone on its line"),
+        ('one\ntwo\nIt takes <!-- hs:timing id="x" -->long\n', 3, "malformed hs:timing"),
+        ('It takes <!-- hs:timing name="x" -->long<!-- hs:end -->\n', 1, 'takes id="..."'),
+        ('It takes <!-- hs:timing id="x" format="ms" -->1<!-- hs:end -->\n', 1, 'format="ms"'),
+        ('<!-- hs:outptu cmd="a" -->\n', 1, "unknown hs: marker"),
+        (
+            '<!-- hs:output cmd="a" id="x" -->\n<!-- hs:end -->\n<!-- hs:output cmd="b" id="x" -->\n'
+            "<!-- hs:end -->\n",
+            3,
+            "page.md:1",
+        ),
+    ],
+)
+def test_malformed_markers_name_file_and_line(docs, tmp_path, text, line, message):
+    page = write(tmp_path, text)
+    with pytest.raises(docs.DocsError) as caught:
+        docs.parse(page)
+    assert str(caught.value).startswith(f"{docs.display(page)}:{line}: ")
+    assert message in str(caught.value)
+
+
+def test_a_timing_must_name_an_expensive_block(docs, tmp_path):
+    page = write(
+        tmp_path,
+        '<!-- hs:output cmd="a" id="cheap" -->\n<!-- hs:end -->\n'
+        'It takes <!-- hs:timing id="nope" -->long<!-- hs:end -->.\n',
+    )
+    with pytest.raises(docs.DocsError, match=r":3: timing names id 'nope', which no hs:output block has"):
+        docs.check_ids([docs.parse(page)])
+    page.write_text(page.read_text().replace('"nope"', '"cheap"'))
+    with pytest.raises(docs.DocsError, match=r":3: timing names 'cheap', a cheap block"):
+        docs.check_ids([docs.parse(page)])
+
+
+# --- the block's text ---------------------------------------------------------------------------------
+
+
+def _block(docs, tmp_path, attrs: str):
+    return docs.parse(write(tmp_path, f"<!-- hs:output {attrs} -->\n<!-- hs:end -->\n")).blocks[0]
+
+
+def _ran(docs, block, *outputs):
+    return [docs.Ran(c, o, 0, []) for c, o in zip(block.commands, outputs, strict=True)]
+
+
+def test_several_commands_each_get_a_dollar_line(docs, tmp_path):
+    block = _block(docs, tmp_path, 'cmd="one ;; two"')
+    assert docs.body(block, _ran(docs, block, "1\n2", "")) == [
+        f"{FENCE}text",
+        "$ one",
+        "1",
+        "2",
+        "$ two",
+        FENCE,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "shown"),
+    [
+        ("1-2", ["$ cmd", "o1", "o2", "…"]),
+        ("2-3", ["$ cmd", "…", "o2", "o3", "…"]),
+        ("3-", ["$ cmd", "…", "o3", "o4", "o5"]),
+        ("1-5", ["$ cmd", "o1", "o2", "o3", "o4", "o5"]),
+        ("4-99", ["$ cmd", "…", "o4", "o5"]),  # past the end: no cut marked there
+    ],
+)
+def test_lines_excerpt(docs, tmp_path, lines, shown):
+    block = _block(docs, tmp_path, f'cmd="cmd" lines="{lines}"')
+    assert docs.transcript(block, _ran(docs, block, "o1\no2\no3\no4\no5")) == shown
+
+
+def test_lines_count_over_the_whole_block_after_the_first_dollar_line(docs, tmp_path):
+    block = _block(docs, tmp_path, 'cmd="a ;; b" lines="2-3"')
+    assert docs.transcript(block, _ran(docs, block, "a1\na2", "b1\nb2")) == ["$ a", "…", "a2", "$ b", "…"]
+
+
+def test_the_fence_outgrows_backticks_in_the_output(docs, tmp_path):
+    block = _block(docs, tmp_path, 'cmd="x"')
+    assert docs.body(block, _ran(docs, block, "see ```this```"))[0] == "````text"
+
+
+def test_indented_blocks_keep_their_indent(docs, tmp_path):
+    block = docs.parse(
+        write(tmp_path, '- item\n\n    <!-- hs:output cmd="x" -->\n    <!-- hs:end -->\n')
+    ).blocks[0]
+    assert docs.body(block, _ran(docs, block, "a\n\nb")) == [
+        f"    {FENCE}text",
+        "    $ x",
+        "    a",
+        "",
+        "    b",
+        f"    {FENCE}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.2, "about 1 second"),
+        (4.5, "about 5 seconds"),
+        (12, "about 10 seconds"),
+        (42.5, "about 45 seconds"),
+        (97, "about 95 seconds"),
+        (100, "about 2 minutes"),
+        (212, "about 4 minutes"),
+        (270, "about 5 minutes"),
+        (3599, "about 1 hour"),
+        (5400, "about 1.5 hours"),
+        (7000, "about 2 hours"),
+    ],
+)
+def test_human_duration(docs, seconds, text):
+    assert docs.human_duration(seconds) == text
+
+
+def test_normalise_removes_machine_details(docs, tmp_path):
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    raw = (
+        f"wrote {folder}/out.csv\nsource {docs.ROOT}/tests/toy/model   \n"
+        f"cache {Path.home()}/.cache/x\n\x1b[1mbold\x1b[0m\n10%\r50%\r100%\n\n\n"
+    )
+    text, applied = docs.normalise(raw, folder)
+    assert text == "wrote out.csv\nsource tests/toy/model\ncache ~/.cache/x\nbold\n100%"
+    assert applied == [
+        "scratch folder path",
+        "repository path",
+        "home folder",
+        "colour codes",
+        "carriage returns",
+    ]
+
+
+# --- outputs(): writing, checking, stamps and timings (a fake runner) ------------------------------------
+
+
+PAGE = (
+    "# Page\n\n"
+    '<!-- hs:output cmd="echo one" -->\n<!-- hs:end -->\n\n'
+    '<!-- hs:output cmd="slow thing" cost="expensive" id="slow" -->\n<!-- hs:end -->\n\n'
+    'The slow thing takes <!-- hs:timing id="slow" -->a while<!-- hs:end --> '
+    '(<!-- hs:timing id="slow" format="s" -->? s<!-- hs:end -->).\n'
+)
+
+
+def test_outputs_writes_cheap_blocks_only_by_default(docs, tmp_path):
+    page = write(tmp_path, PAGE)
+    runner = fake_runner(docs, {"echo one": "one", "slow thing": "done"})
+    outcome = docs.outputs([page], every=[], runner=runner, log=quiet)
+    assert outcome.ok, outcome
+    text = page.read_text()
+    assert (
+        f'<!-- hs:output cmd="echo one" -->\n{FENCE}text\n$ echo one\none\n{FENCE}\n<!-- hs:end -->' in text
+    )
+    assert '<!-- hs:output cmd="slow thing" cost="expensive" id="slow" -->\n<!-- hs:end -->' in text
+    assert any("never generated: `slow thing`" in n for n in outcome.notes)
+    assert any("timing 'slow' left as it is" in n for n in outcome.notes)
+    # A second run changes nothing.
+    assert docs.outputs([page], every=[], runner=runner, log=quiet).written == []
+    assert page.read_text() == text
+
+
+def test_expensive_blocks_are_stamped_and_fill_the_timings(docs, tmp_path):
+    page = write(tmp_path, PAGE)
+    runner = fake_runner(docs, {"echo one": "one", "slow thing": "done"}, seconds=212.4)
+    outcome = docs.outputs([page], every=[], expensive=True, runner=runner, log=quiet, today="2026-12-01")
+    assert outcome.ok, outcome
+    text = page.read_text()
+    opening = '<!-- hs:output cmd="slow thing" cost="expensive" id="slow" measured="2026-12-01" version="'
+    assert opening in text
+    assert 'seconds="212" -->' in text
+    stamp = re.search(
+        r"<small>Generated by <code>make docs-outputs</code> on 2026-12-01 with headscope .*?</small>", text
+    )
+    assert stamp and "took 212 s on" in stamp[0]
+    assert text.index(stamp[0]) < text.index("<!-- hs:end -->", text.index(opening))  # inside the block
+    assert 'takes <!-- hs:timing id="slow" -->about 4 minutes<!-- hs:end --> ' in text
+    assert '(<!-- hs:timing id="slow" format="s" -->212 s<!-- hs:end -->)' in text
+    # Rerun: the new measurement replaces the old one (one stamp, not two).
+    runner = fake_runner(docs, {"echo one": "one", "slow thing": "done"}, seconds=30)
+    docs.outputs([page], every=[], only=["slow"], runner=runner, log=quiet, today="2026-12-02")
+    text = page.read_text()
+    assert text.count("<small>") == 1 and 'measured="2026-12-02"' in text and 'seconds="30"' in text
+    assert "about 30 seconds" in text
+
+
+def test_check_lists_stale_blocks_with_a_diff_and_writes_nothing(docs, tmp_path):
+    page = write(tmp_path, PAGE)
+    docs.outputs([page], every=[], runner=fake_runner(docs, {"echo one": "one"}), log=quiet)
+    before = page.read_text()
+    outcome = docs.outputs(
+        [page], every=[], check=True, runner=fake_runner(docs, {"echo one": "two"}), log=quiet
+    )
+    assert not outcome.ok
+    (stale,) = outcome.stale
+    assert stale.startswith(f"{docs.display(page)}:3: `echo one` is out of date:")
+    assert "-one" in stale and "+two" in stale
+    assert page.read_text() == before
+    # Unchanged output: current.
+    assert docs.outputs(
+        [page], every=[], check=True, runner=fake_runner(docs, {"echo one": "one"}), log=quiet
+    ).ok
+
+
+def test_check_fails_on_a_timing_that_disagrees_with_its_block(docs, tmp_path):
+    page = write(tmp_path, PAGE)
+    runner = fake_runner(docs, {"echo one": "one", "slow thing": "done"}, seconds=50)
+    docs.outputs([page], every=[], expensive=True, runner=runner, log=quiet)
+    assert docs.outputs([page], every=[], check=True, runner=runner, log=quiet).ok
+    page.write_text(page.read_text().replace("about 50 seconds", "about a minute"))
+    outcome = docs.outputs([page], every=[], check=True, runner=runner, log=quiet)
+    line = next(i for i, x in enumerate(page.read_text().split("\n"), 1) if "a minute" in x)
+    assert outcome.stale == [
+        f"{docs.display(page)}:{line}: timing 'slow' says 'about a minute'; its block: 'about 50 seconds'"
+    ]
+
+
+def test_a_rerun_that_differs_only_in_timings_keeps_the_text(docs, tmp_path):
+    page = write(tmp_path, '<!-- hs:output cmd="sweep" -->\n<!-- hs:end -->\n')
+    docs.outputs(
+        [page], every=[], runner=fake_runner(docs, {"sweep": "3 runs; 12.3 s\nrun a: ok (1.5 s)"}), log=quiet
+    )
+    before = page.read_text()
+    again = fake_runner(docs, {"sweep": "3 runs; 9.8 s\nrun a: ok (2.0 s)"})
+    assert docs.outputs([page], every=[], check=True, runner=again, log=quiet).ok
+    assert docs.outputs([page], every=[], runner=again, log=quiet).written == []
+    assert page.read_text() == before
+    changed = fake_runner(docs, {"sweep": "4 runs; 9.8 s\nrun a: ok (2.0 s)"})
+    assert not docs.outputs([page], every=[], check=True, runner=changed, log=quiet).ok
+
+
+def test_old_stamps_are_reported_not_failed(docs, tmp_path, monkeypatch):
+    page = write(
+        tmp_path,
+        '<!-- hs:output cmd="x" cost="expensive" measured="2020-01-01" version="0.0.1" seconds="5" -->\n'
+        "<!-- hs:end -->\n",
+    )
+    monkeypatch.setattr(docs, "last_code_change", lambda: ("2026-01-01", "abc1234"))
+    outcome = docs.outputs([page], every=[], check=True, log=quiet)
+    assert outcome.ok
+    assert outcome.notes == [
+        f"{docs.display(page)}:1: measured 2020-01-01, before the last change to src or configs "
+        "(2026-01-01, abc1234): `x`"
+    ]
+
+
+def test_only_and_unknown_ids(docs, tmp_path):
+    page = write(tmp_path, PAGE)
+    with pytest.raises(docs.DocsError, match="no block with id 'nope'"):
+        docs.outputs([page], every=[], only=["nope"], log=quiet)
+    with pytest.raises(docs.DocsError, match="--check compares cheap blocks only"):
+        docs.outputs([page], every=[], check=True, only=["slow"], log=quiet)
+
+
+# --- running real commands ------------------------------------------------------------------------------
+
+
+def test_commands_run_in_a_scratch_folder_with_the_repository_linked(docs, tmp_path):
+    page = write(
+        tmp_path,
+        '<!-- hs:output cmd="ls -d tests/toy/model configs ;; echo made &gt; new.txt ;; cat new.txt; pwd ;; '
+        'echo to-stderr 1&gt;&amp;2; echo $NO_COLOR $COLUMNS $HF_HUB_OFFLINE; command -v headscope" -->\n'
+        "<!-- hs:end -->\n",
+    )
+    page.write_text(page.read_text().replace("&gt;", ">"))
+    outcome = docs.outputs([page], every=[], log=quiet)
+    assert outcome.ok, outcome.errors
+    text = page.read_text()
+    body = text[text.index(FENCE) : text.rindex(FENCE)]
+    bin_dir = str(Path(docs.sys.executable).parent)
+    assert body.split("\n")[1:] == [
+        "$ ls -d tests/toy/model configs",
+        "configs",
+        "tests/toy/model",
+        "$ echo made > new.txt",
+        "$ cat new.txt; pwd",
+        "made",
+        ".",  # the scratch folder, normalised
+        "$ echo to-stderr 1>&2; echo $NO_COLOR $COLUMNS $HF_HUB_OFFLINE; command -v headscope",
+        "to-stderr",
+        "1 100 1",
+        docs.normalise(f"{bin_dir}/headscope", tmp_path)[0],
+        "",
+    ]
+    assert not (docs.ROOT / "new.txt").exists()
+    assert any("scratch folder path" in n for n in outcome.normalised)
+
+
+def test_an_unexpected_exit_status_is_an_error_naming_the_block(docs, tmp_path):
+    page = write(
+        tmp_path,
+        'intro\n<!-- hs:output cmd="echo bad; exit 3" -->\n<!-- hs:end -->\n'
+        '<!-- hs:output cmd="echo fine ;; echo declared; exit 3" exit="0 ;; 3" -->\n<!-- hs:end -->\n',
+    )
+    outcome = docs.outputs([page], every=[], log=quiet)
+    (error,) = outcome.errors
+    assert error.startswith(f"{docs.display(page)}:2: `echo bad; exit 3` exited 3, expected 0")
+    assert "bad" in error  # the output's tail
+    text = page.read_text()
+    assert '<!-- hs:output cmd="echo bad; exit 3" -->\n<!-- hs:end -->' in text  # not written
+    assert "$ echo declared; exit 3\ndeclared\n" in text
+    assert docs.main(["outputs", str(page)]) == 1
