@@ -69,16 +69,20 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import difflib
 import html
+import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -419,8 +423,12 @@ def _spellings(path: Path) -> list[str]:
     return sorted((s for s in spellings if len(s) > 1), key=len, reverse=True)
 
 
-def run_block(block: Block, timeout: float | None = None) -> BlockRun:
-    """Run the block's commands, one after another, in a fresh scratch folder."""
+def run_block(block: Block, timeout: float | None = None, fork: ForkServer | None = None) -> BlockRun:
+    """Run the block's commands, one after another, in a fresh scratch folder.
+
+    With a ready ``fork`` server, a plain ``headscope ARGS`` command of a cheap block is forked from it
+    instead of started anew (see :class:`ForkServer`); everything else runs under bash.
+    """
     cheap = not block.expensive
     env = command_env(cheap)
     timeout = timeout or (CHEAP_TIMEOUT if cheap else EXPENSIVE_TIMEOUT)
@@ -430,20 +438,12 @@ def run_block(block: Block, timeout: float | None = None) -> BlockRun:
     started = time.perf_counter()
     try:
         for command, expected in zip(block.commands, block.exits, strict=True):
-            try:
-                done = subprocess.run(
-                    ["bash", "-c", command],
-                    cwd=folder,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    timeout=timeout,
-                    check=False,
-                )
-                raw, status = done.stdout.decode("utf-8", errors="replace"), done.returncode
-            except subprocess.TimeoutExpired as exc:
-                raw = (exc.stdout or b"").decode("utf-8", errors="replace")
+            argv = headscope_argv(command) if fork is not None and fork.ready and cheap else None
+            if argv is not None:
+                raw, status = fork.run(argv, folder, timeout)
+            else:
+                raw, status = _bash(command, folder, env, timeout)
+            if status is None:
                 status = -1
                 errors.append(f"{block.where}: `{command}` ran past {timeout:.0f} s and was stopped")
             output, applied = normalise(raw, folder)
@@ -458,6 +458,255 @@ def run_block(block: Block, timeout: float | None = None) -> BlockRun:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return BlockRun(block, ran, time.perf_counter() - started, errors)
+
+
+def _bash(command: str, folder: Path, env: dict[str, str], timeout: float) -> tuple[str, int | None]:
+    """bash -c COMMAND in ``folder``: the output (stdout and stderr in order) and the exit status,
+    None when it ran past ``timeout``."""
+    try:
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout or b"").decode("utf-8", errors="replace"), None
+    return done.stdout.decode("utf-8", errors="replace"), done.returncode
+
+
+# --- the fork server ------------------------------------------------------------------------------
+#
+# A fresh `headscope` process spends 2-4 s importing torch and transformers before it does anything;
+# the toy model's commands take well under a second after that. A fork server imports them once (and
+# runs nothing), then forks a child per command: the child gets the command's folder, argv, stdin
+# (/dev/null) and one pipe as stdout and stderr, and runs headscope's own entry point, so it prints
+# what a fresh process prints. It serves only cheap blocks' plain `headscope ARGS` commands (no shell
+# syntax, no --debug), and declines to serve (everything then runs under bash) when the imports print
+# anything or leave threads behind. tests/docs compares the two ways on every cheap block.
+
+_SHELL_CHARS = set("$`*?~[]{}\\!#")
+
+
+def headscope_argv(command: str) -> list[str] | None:
+    """``command`` as headscope's argv when it is a plain ``headscope ARGS`` (else None: bash runs it)."""
+    import shlex
+
+    if _SHELL_CHARS & set(command.replace('"', "").replace("'", "")):
+        return None
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    if not tokens or tokens[0] != "headscope" or "--debug" in tokens:
+        return None
+    if any(t and not t.strip("();<>|&") for t in tokens):
+        return None  # a pipe, a redirection, a list: bash's business
+    return tokens
+
+
+def _preimport() -> None:
+    """What a command would import: headscope (every module), torch, transformers and the model code
+    of the toy and bundled families."""
+    import importlib
+    import pkgutil
+
+    import headscope
+
+    for name in ("torch", "transformers", "headscope.cli", "headscope.api"):
+        importlib.import_module(name)
+    for module in pkgutil.walk_packages(headscope.__path__, "headscope."):
+        if not module.name.endswith("__main__"):
+            with contextlib.suppress(Exception):
+                importlib.import_module(module.name)
+    for name in ("llama", "bert", "gemma3"):
+        with contextlib.suppress(Exception):
+            importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def serve() -> int:
+    """The fork server (``docs.py _forkserver``): import, say whether it is ready, then one JSON line
+    in, one out: ``{"argv", "cwd", "timeout"}`` -> ``{"output", "status"}``."""
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)  # whatever else writes to stdout must not land among the replies
+    problem = None
+    with tempfile.TemporaryFile() as printed:
+        saved = os.dup(2)
+        os.dup2(printed.fileno(), 2)
+        try:
+            _preimport()
+        except Exception as exc:  # noqa: BLE001  (reported to the parent, which falls back to bash)
+            problem = f"the imports failed: {exc!r}"
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        printed.seek(0)
+        text = printed.read().decode("utf-8", errors="replace").strip()
+    if problem is None and text:
+        problem = f"the imports printed something a fresh process would print each time: {text[:300]!r}"
+    if problem is None and _threads() > 1:
+        problem = f"{_threads()} threads are running after the imports; forking would be unsafe"
+    replies.write(json.dumps({"ready": problem is None, "why": problem}) + "\n")
+    if problem is not None:
+        return 1
+    for line in sys.stdin:
+        request = json.loads(line)
+        replies.write(json.dumps(_fork(request["argv"], request["cwd"], request["timeout"])) + "\n")
+    return 0
+
+
+def _fork(argv: list[str], cwd: str, timeout: float) -> dict[str, object]:
+    import select
+    import signal
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        _child(argv, cwd, write)  # never returns
+    os.close(write)
+    chunks, deadline, timed_out = [], time.monotonic() + timeout, False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            timed_out = True
+            break
+        if select.select([read], [], [], left)[0]:
+            data = os.read(read, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    output = b"".join(chunks).decode("utf-8", errors="replace")
+    return {"output": output, "status": None if timed_out else os.waitstatus_to_exitcode(status)}
+
+
+def _child(argv: list[str], cwd: str, write: int) -> None:
+    """In the forked child: become ``headscope ARGS`` run in ``cwd``, then exit with its status."""
+    status = 1
+    try:
+        os.chdir(cwd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.close(write)
+        sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115  (the server's stdin has requests)
+        sys.argv = [shutil.which("headscope") or "headscope", *argv[1:]]
+        from headscope.cli import main
+
+        try:
+            main()
+            status = 0
+        except SystemExit as exc:  # what the interpreter does with it
+            if exc.code is None:
+                status = 0
+            elif isinstance(exc.code, int):
+                status = exc.code & 0xFF
+            else:
+                print(exc.code, file=sys.stderr)
+                status = 1
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            status = 1
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+class ForkServer:
+    """The parent's handle on one fork server (one command at a time)."""
+
+    def __init__(self) -> None:
+        env = command_env(cheap=True)
+        env["TQDM_DISABLE"] = "1"  # headscope's main() sets it before tqdm is imported; here it is earlier
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "_forkserver"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
+        line = self.process.stdout.readline()
+        reply = json.loads(line) if line else {"ready": False, "why": "the fork server exited at start"}
+        self.ready, self.why = bool(reply["ready"]), reply["why"]
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> tuple[str, int | None]:
+        self.process.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "timeout": timeout}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server died")
+        reply = json.loads(line)
+        return reply["output"], reply["status"]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ForkRunner:
+    """A runner (Block -> BlockRun) for cheap blocks that forks headscope commands from up to ``jobs``
+    fork servers, started on first use."""
+
+    def __init__(self, jobs: int, log: Callable[[str], None]) -> None:
+        self.jobs, self.log = jobs, log
+        self.idle: queue.SimpleQueue[ForkServer] = queue.SimpleQueue()
+        self.started: list[ForkServer] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, block: Block) -> BlockRun:
+        if block.expensive or not any(headscope_argv(c) for c in block.commands):
+            return run_block(block)
+        try:
+            server = self.idle.get_nowait()
+        except queue.Empty:
+            server = ForkServer()
+            with self.lock:
+                self.started.append(server)
+                if not server.ready and len(self.started) == 1:
+                    self.log(f"fork server not used ({server.why}): every command starts its own process")
+        try:
+            return run_block(block, fork=server)
+        finally:
+            self.idle.put(server)
+
+    def close(self) -> None:
+        for server in self.started:
+            server.close()
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -628,7 +877,8 @@ def outputs(
     expensive: bool = False,
     only: Sequence[str] = (),
     jobs: int | None = None,
-    runner: Callable[[Block], BlockRun] = run_block,
+    runner: Callable[[Block], BlockRun] | None = None,
+    fork: bool = True,
     log: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
     today: str | None = None,
     every: Sequence[Path] | None = None,
@@ -673,12 +923,17 @@ def outputs(
     if cheap:
         jobs = jobs or max(1, min(4, cores()))
         log(f"running {len(cheap)} cheap block(s), {jobs} at a time")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            for run in pool.map(runner, cheap):
-                record(run)
+        forks = ForkRunner(jobs, log) if runner is None and fork else None
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+                for run in pool.map(runner or forks or run_block, cheap):
+                    record(run)
+        finally:
+            if forks is not None:
+                forks.close()
     for block in dear:  # one at a time, nothing else running: they are timed
         log(f"running expensive block {block.where}: {block.cmd}")
-        record(runner(block))
+        record((runner or run_block)(block))
     if todo:
         log(f"ran {len(todo)} block(s) in {time.perf_counter() - started:.1f} s")
 
@@ -912,6 +1167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--jobs", type=int, default=None, help="cheap blocks run side by side (default: cores)"
     )
     p_out.add_argument("--list", action="store_true", help="list the blocks and stop")
+    p_out.add_argument(
+        "--no-fork", action="store_true", help="start a process per command (no fork server; slower)"
+    )
     p_all = sub.add_parser("all", help="cli and outputs (cheap blocks)")
     p_all.add_argument("--check", action="store_true", help="compare instead of writing")
     p_all.add_argument("--jobs", type=int, default=None)
@@ -927,7 +1185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcome = outputs(check=args.check, jobs=args.jobs)
         else:
             outcome = outputs(
-                args.files, check=args.check, expensive=args.expensive, only=args.only, jobs=args.jobs
+                args.files,
+                check=args.check,
+                expensive=args.expensive,
+                only=args.only,
+                jobs=args.jobs,
+                fork=not args.no_fork,
             )
         return report(outcome, args.check) or status
     except DocsError as exc:
@@ -936,4 +1199,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == ["_forkserver"] else main())

@@ -405,3 +405,24 @@ def test_an_unexpected_exit_status_is_an_error_naming_the_block(docs, tmp_path):
     assert '<!-- hs:output cmd="echo bad; exit 3" -->\n<!-- hs:end -->' in text  # not written
     assert "$ echo declared; exit 3\ndeclared\n" in text
     assert docs.main(["outputs", str(page)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("headscope scan tests/toy/model --top 3", ["headscope", "scan", "tests/toy/model", "--top", "3"]),
+        ('headscope show --text "A B C"', ["headscope", "show", "--text", "A B C"]),
+        ("headscope induction --format csv -o - 2>/dev/null | head -4", None),
+        ("headscope scan > out.txt", None),
+        ("headscope scan; echo done", None),
+        ("headscope scan && ls", None),
+        ('headscope show --text "$HOME"', None),
+        ("headscope scan --csv *.csv", None),
+        ("headscope scan --debug", None),  # main() reads sys.argv for --debug before tqdm is imported
+        ("HF_HUB_OFFLINE=0 headscope scan", None),
+        ("ls configs", None),
+        ('headscope show --text "unclosed', None),
+    ],
+)
+def test_only_plain_headscope_commands_are_forked(docs, command, argv):
+    assert docs.headscope_argv(command) == argv

@@ -71,3 +71,34 @@ def test_readme_is_a_front_door():
     assert size <= README_LIMIT, (
         f"README.md is {size:,} bytes; keep it under {README_LIMIT:,} and move detail into docs/"
     )
+
+
+TOY_BLOCK = (
+    '<!-- hs:output cmd="headscope info tests/toy/model ;; headscope scan no-such-model ;; '
+    'headscope show tests/toy/model --layer 1 --head 1 --text &quot;A B C D A B C D&quot;" exit="0 ;; 2 ;; 0" -->\n'
+    "<!-- hs:end -->\n"
+)
+
+
+def _same_on_both_runners(docs, blocks):
+    forks = docs.ForkRunner(2, print)
+    try:
+        forked = [forks(block) for block in blocks]
+        assert forks.started and forks.started[0].ready, forks.started[0].why
+    finally:
+        forks.close()
+    for fast in forked:
+        slow = docs.run_block(fast.block)
+        assert fast.errors == slow.errors
+        for a, b in zip(fast.ran, slow.ran, strict=True):
+            assert (a.output, a.status) == (b.output, b.status), f"{fast.block.where}: `{a.command}`"
+
+
+@pytest.mark.slow
+def test_forked_and_fresh_processes_agree_on_every_cheap_block(docs, tmp_path):
+    """The fork server's child prints, byte for byte, what `headscope ...` run by bash prints: on every
+    cheap block of the docs, and on a few toy-model commands of its own (so never on nothing)."""
+    page = tmp_path / "page.md"
+    page.write_text(TOY_BLOCK)
+    blocks = [b for path in docs.doc_files() for b in docs.parse(path).blocks if not b.expensive]
+    _same_on_both_runners(docs, blocks + docs.parse(page).blocks)
