@@ -17,13 +17,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Never the user's real cache: what an earlier run left there (a GGUF dequantized by an older
 # headscope, say) must not change what the tests see. Each session gets a fresh cache, removed at
-# exit, and subprocesses inherit it. A developer may point HEADSCOPE_TEST_CACHE at a folder kept
-# for tests only, to skip the dequantization on reruns; CI never sets it.
+# exit. Subprocesses and pytest-xdist's workers inherit it through HEADSCOPE_TEST_CACHE, so each
+# bundled GGUF is dequantized once per session (a lock in models.gguf makes a second process wait
+# for the first). A developer may point HEADSCOPE_TEST_CACHE at a folder kept for tests only, to
+# skip the dequantization on reruns; CI never sets it.
 if os.environ.get("HEADSCOPE_TEST_CACHE"):
     TEST_CACHE = Path(os.environ["HEADSCOPE_TEST_CACHE"])
 else:
     TEST_CACHE = Path(tempfile.mkdtemp(prefix="headscope-test-cache-"))
     atexit.register(shutil.rmtree, TEST_CACHE, ignore_errors=True)
+    os.environ["HEADSCOPE_TEST_CACHE"] = str(TEST_CACHE)
 os.environ["HEADSCOPE_CACHE"] = str(TEST_CACHE)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from headscope.errors import ModelLoadError
 
@@ -60,11 +67,41 @@ def _load_gguf(
     The cache always holds float32, whatever ``dtype`` this run asks for; the requested dtype is
     applied when loading from the cache, so a cold and a warm run give the same weights.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path = Path(resolved.location) / str(resolved.gguf_file)
     cached = _gguf_cache_dir(gguf_path, resolved.sha256) if use_cache else None
+    with _building(cached):
+        return _load_or_build(resolved, gguf_path, cached, dtype, placement)
+
+
+@contextlib.contextmanager
+def _building(entry: Path | None) -> Iterator[None]:
+    """Hold a lock beside the cache entry while it is read or built, so that a second process
+    (another test worker, a sweep's second worker) waits for the first instead of dequantizing
+    the same file again. Without fcntl (Windows) or a writable cache, no lock: the entry is
+    still written atomically, and the slower process finds it or writes the same bytes."""
+    if entry is None or fcntl is None:
+        yield
+        return
+    try:
+        locks = entry.parent.parent / "locks"  # beside the entries, not among them
+        locks.mkdir(parents=True, exist_ok=True)
+        handle = open(locks / f"{entry.parent.name}-{entry.name}.lock", "a")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _load_or_build(
+    resolved: ResolvedSpec, gguf_path: Path, cached: Path | None, dtype: Any, placement: dict[str, Any]
+) -> tuple[Any, Any, str]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def from_cache() -> tuple[Any, Any]:
         tok = AutoTokenizer.from_pretrained(cached)
