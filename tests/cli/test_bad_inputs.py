@@ -373,6 +373,7 @@ def test_debug_shows_the_traceback(cases):
 # child is patched; the CLI runs unchanged.
 CTRL_C_CHILD = """
 import sys
+import time
 from headscope import capture
 from headscope.cli import main
 
@@ -386,6 +387,8 @@ def announcing_run(loaded, batches, on_layer, **kwargs):
             announced.append(True)
             sys.stderr.write("READY\\n")
             sys.stderr.flush()
+            # Inside the first forward pass: wait there for the SIGINT, so a small run is enough.
+            time.sleep(600)
         return on_layer(*args)
 
     return real_run(loaded, batches, on_layer_announced, **kwargs)
@@ -405,7 +408,7 @@ def test_ctrl_c_exits_130_and_leaves_no_file(tmp_path):
     import threading
 
     target = tmp_path / "out.csv"
-    args = ["induction", str(TOY), "--seq-len", "30", "--batch", "200000", "--csv", str(target)]
+    args = ["induction", str(TOY), "--seq-len", "30", "--batch", "4", "--csv", str(target)]
     args += ["-o", str(tmp_path / "out.json"), "--format", "json"]
     proc = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_CHILD, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

@@ -232,26 +232,52 @@ def test_compare_two_toy_scans(toy_dir, toy_texts, tmp_path):
     assert sum(len(t["lost"]) for t in as_json["tables"]) == len(lost)
 
 
+NO_COLOR_CHILD = """
+import contextlib, io, json, os, sys
+toy, runs = sys.argv[1], {}
+for name, env in (
+    ("colored", {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}),
+    ("plain", {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}),
+    ("piped", {}),
+):
+    for key in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    # The CLI reads the environment when it is imported, as a fresh process would.
+    for module in [m for m in sys.modules if m == "headscope" or m.startswith("headscope.")]:
+        del sys.modules[module]
+    from headscope.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = ["headscope", "induction", toy, "--seq-len", "10", "--batch", "2"]
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code or 0
+    runs[name] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(runs))
+"""
+
+
 def test_no_color_and_pipes_give_plain_text(toy_dir):
-    code = (
-        "from headscope.cli import main; import sys; "
-        f"sys.argv = ['headscope', 'induction', {str(toy_dir)!r}, '--seq-len', '10', '--batch', '2']; main()"
+    """Forced colour colours; NO_COLOR and a pipe give plain text. One process (torch is imported
+    once), with the CLI imported afresh under each environment."""
+    env = {k: v for k, v in os.environ.items() if k not in {"FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"}}
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_COLOR_CHILD, str(toy_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
-    env = {**os.environ, "FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
-    colored = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
-    )
-    assert colored.returncode == 0 and "\x1b[" in colored.stdout  # forced colour does colour
-    env["NO_COLOR"] = "1"
-    plain = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
-    )
-    assert plain.returncode == 0 and "\x1b[" not in plain.stdout + plain.stderr
-    env.pop("NO_COLOR"), env.pop("FORCE_COLOR"), env.pop("TTY_COMPATIBLE")
-    piped = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
-    )
-    assert piped.returncode == 0 and "\x1b[" not in piped.stdout + piped.stderr
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    code, out, _ = runs["colored"]
+    assert code == 0 and "\x1b[" in out  # forced colour does colour
+    for name in ("plain", "piped"):
+        code, out, err = runs[name]
+        assert code == 0 and "induction" in out and "\x1b[" not in out + err, (name, err)
 
 
 def test_show_csv_is_long_form(toy_dir):
