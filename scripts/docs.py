@@ -68,6 +68,9 @@ block is compared: a rerun that differs only there keeps the old text.
 
 ``--check`` reruns the cheap blocks in memory and exits 1 listing every block whose text differs
 (with a diff), and every timing placeholder that does not match its block; it never writes. Both
+modes parse every block's plain ``headscope`` commands, expensive ones too, with headscope's own
+parser and fail on one it rejects (a renamed option shows at once, not at the next ``make
+docs-outputs``). Both
 modes also report, without failing, expensive blocks never generated and those whose ``measured``
 date is older than the last commit touching ``src`` or ``configs`` (``git log -1 --format=%cs --
 src configs``), or whose ``version`` is not the current one.
@@ -924,6 +927,7 @@ def outputs(
         known = ", ".join(sorted(ids)) or "none"
         raise DocsError(f"no block with id {', '.join(map(repr, missing))} (ids: {known})")
     blocks = [b for d in docs for b in d.blocks]
+    outcome.errors += usage_errors(blocks)
     if only:
         todo = [b for b in blocks if b.id in only]
     else:
@@ -1033,6 +1037,32 @@ def _timings(
             edits.append((timing.line - 1, timing.start, timing.stop, text))
             outcome.written.append(f"{timing.where}: timing {timing.id!r}: {text!r}")
     return edits
+
+
+def usage_errors(blocks: Iterable[Block]) -> list[str]:
+    """Commands that headscope's own parser rejects (an option renamed or gone): found in every block,
+    expensive ones included, without running anything. Commands that are meant to fail are skipped."""
+    import typer
+
+    from headscope.cli import app
+
+    root = typer.main.get_command(app)
+    ctx = typer.Context(root, info_name="headscope")
+    errors = []
+    for block in blocks:
+        for command, expected in zip(block.commands, block.exits, strict=True):
+            argv = headscope_argv(command)
+            if expected != 0 or argv is None or len(argv) < 2 or {"--help", "--version"} & set(argv):
+                continue
+            sub = root.get_command(ctx, argv[1])
+            try:
+                if sub is None:
+                    raise ValueError(f"no such command {argv[1]!r}")
+                sub.make_context(argv[1], argv[2:], parent=ctx)
+            except Exception as exc:  # noqa: BLE001  (click's UsageError and kin, which typer does not export)
+                message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+                errors.append(f"{block.where}: `{command}`: {message}")
+    return errors
 
 
 def list_blocks(files: Sequence[str | Path] = ()) -> str:

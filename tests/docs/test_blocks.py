@@ -432,3 +432,20 @@ def test_an_unexpected_exit_status_is_an_error_naming_the_block(docs, tmp_path):
 )
 def test_only_plain_headscope_commands_are_forked(docs, command, argv):
     assert docs.headscope_argv(command) == argv
+
+
+def test_commands_the_cli_rejects_fail_without_running(docs, tmp_path):
+    page = write(
+        tmp_path,
+        '<!-- hs:output cmd="headscope scan smollm2-135m --colour ;; headscope scan --top 5" cost="expensive" -->\n'
+        "<!-- hs:end -->\n"
+        '<!-- hs:output cmd="headscope nosuch" cost="expensive" -->\n<!-- hs:end -->\n'
+        '<!-- hs:output cmd="headscope scan --format xml" exit="2" -->\n<!-- hs:end -->\n',
+    )
+    runner = fake_runner(docs, {"headscope scan --format xml": ""}, {"headscope scan --format xml": 2})
+    outcome = docs.outputs([page], every=[], check=True, runner=runner, log=quiet)
+    where = docs.display(page)
+    assert outcome.errors == [
+        f"{where}:1: `headscope scan smollm2-135m --colour`: No such option: --colour",
+        f"{where}:3: `headscope nosuch`: no such command 'nosuch'",
+    ]
