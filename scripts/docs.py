@@ -138,6 +138,7 @@ _TIMING = re.compile(
 )
 _ATTR = re.compile(r"\s+([^\s=]+)=\"([^\"]*)\"")
 _ANY_MARKER = re.compile(r"<!--\s*hs:")
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
 _LINES = re.compile(r"^(\d+)-(\d*)$")
 
@@ -265,6 +266,8 @@ def parse(path: Path, text: str | None = None) -> Doc:
             continue
         if _END.match(line):
             raise DocsError(f"{where}: <!-- hs:end --> without an opening <!-- hs:output ... --> marker")
+        # Markers inside inline code (`<!-- hs:output ... -->` in a sentence about them) are text.
+        line = _CODE_SPAN.sub(lambda span: " " * len(span[0]), line)
         rest = line
         for timing in _TIMING.finditer(line):
             attrs = _attrs(timing["attrs"], where, "hs:timing")
@@ -283,7 +286,7 @@ def parse(path: Path, text: str | None = None) -> Doc:
                     timing.start("text"),
                     timing.end("text"),
                     attrs["id"],
-                    timing["text"],
+                    lines[i][timing.start("text") : timing.end("text")],
                     attrs.get("format", "human"),
                 )
             )
@@ -946,7 +949,7 @@ def outputs(
         log(f"{run.block.where}: {state} in {run.seconds:.1f} s: {run.block.cmd}")
 
     if cheap:
-        jobs = jobs or max(1, min(4, cores()))
+        jobs = min(jobs or max(1, min(4, cores())), len(cheap))
         log(f"running {len(cheap)} cheap block(s), {jobs} at a time")
         forks = ForkRunner(jobs, log) if runner is None and fork else None
         try:

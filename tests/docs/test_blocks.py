@@ -449,3 +449,14 @@ def test_commands_the_cli_rejects_fail_without_running(docs, tmp_path):
         f"{where}:1: `headscope scan smollm2-135m --colour`: No such option: --colour",
         f"{where}:3: `headscope nosuch`: no such command 'nosuch'",
     ]
+
+
+def test_markers_inside_inline_code_are_text(docs, tmp_path):
+    page = write(
+        tmp_path,
+        'Write `<!-- hs:output cmd="..." -->` above the block and ``<!-- hs:end -->`` below; a timing is\n'
+        '`<!-- hs:timing id="x" -->text<!-- hs:end -->`, like <!-- hs:timing id="y" -->this<!-- hs:end -->.\n',
+    )
+    doc = docs.parse(page)
+    assert doc.blocks == []
+    assert [(t.line, t.id, t.text) for t in doc.timings] == [(2, "y", "this")]
