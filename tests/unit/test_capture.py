@@ -8,7 +8,7 @@ from headscope import analyses, capture, detectors
 from headscope.data.prompts import load_texts
 
 
-def collect(loaded, batches):
+def collect(loaded, batches, **options):
     """Whole per-example maps, reassembled from the query chunks (cut keys are zero)."""
     chunks: dict[int, list[tuple[int, torch.Tensor]]] = {}
     seen: dict[tuple[int, int], torch.Tensor] = {}
@@ -27,7 +27,7 @@ def collect(loaded, batches):
             n = int(batch.attention_mask[row].sum())
             seen[(example, layer)] = full[row, :, :n, :n]
 
-    capture.run(loaded, batches, on_layer, on_layer_done=on_layer_done)
+    capture.run(loaded, batches, on_layer, on_layer_done=on_layer_done, **options)
     return seen
 
 
@@ -69,3 +69,33 @@ def test_scores_identical_between_capture_modes(toy, toy_eager):
     assert (a.score - b.score).abs().max() < 1e-5
     assert list(a.columns) == list(b.columns)
     assert set(detectors.REGISTRY) >= set(a.detector)
+
+
+def test_a_pass_stopped_after_a_layer_gives_that_layers_maps_and_runs_no_later_block(toy, toy_texts):
+    """Path patching's corrupted and recording passes end after the last layer they need; what they
+    see up to there is what the whole pass sees, and the blocks after it never run."""
+    from headscope.capture.patching import record_block_inputs
+    from headscope.models.anatomy import blocks
+
+    batches = toy_batches(toy, 4, toy_texts)
+    whole = collect(toy, batches)
+    ran: list[int] = []
+    hooks = [
+        block.register_forward_hook(lambda *_, i=i: ran.append(i))
+        for i, block in enumerate(blocks(toy.model))
+    ]
+    try:
+        stopped = collect(toy, batches, stop_after=0)
+        assert ran == [0] * len(batches)
+        ran.clear()
+        inputs = record_block_inputs(toy, batches[0], [0])
+        assert ran == [0] and set(inputs) == {0}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert {layer for _, layer in stopped} == {0}
+    assert stopped.keys() == {key for key in whole if key[1] == 0}
+    for key, maps in stopped.items():
+        torch.testing.assert_close(maps, whole[key], rtol=0, atol=0)
+    # The model runs whole again afterwards: the stop was a hook, and it is gone.
+    assert collect(toy, batches).keys() == whole.keys()

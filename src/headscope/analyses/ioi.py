@@ -47,6 +47,9 @@ from .base import ProgressFactory, Report, _pad_id, _sections, check_context
 
 Head = tuple[int, int]
 
+# Rows (copies of a batch) per replay of a receiver block in path patching: bounds its memory.
+PATCH_ROWS = 1024
+
 
 @dataclass
 class IOIPrompt:
@@ -268,7 +271,8 @@ def s_inhibition(
     for clean_batch, corrupt_batch in zip(clean, corrupt, strict=True):
         ends_clean, ends_corrupt = _ends(clean_batch), _ends(corrupt_batch)
         corrupted = HeadWrites(loaded, lambda b, e=ends_corrupt: e, keep=senders)
-        capture.run(loaded, [corrupt_batch], lambda *_: None, writes=corrupted)
+        # The senders' writes are all this pass is for: it ends after the last sender layer.
+        capture.run(loaded, [corrupt_batch], lambda *_: None, writes=corrupted, stop_after=last - 1)
         clean_writes = HeadWrites(loaded, lambda b, e=ends_clean: e, keep=senders)
         inputs = record_block_inputs(loaded, clean_batch, by_layer, writes=clean_writes)
         rows = clean_batch.example_index
@@ -277,13 +281,21 @@ def s_inhibition(
             base = _receiver_preference(
                 loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, None
             )
-            for layer in range(receiver_layer):
-                # Every head of the sender layer at once: one copy of the batch per head.
-                delta = (corrupted.kept[layer] - clean_writes.kept[layer]).transpose(0, 1)  # [H, B, D]
+            sending = [layer for layer in range(receiver_layer) if layer in corrupted.kept]
+            # Every head of several sender layers at once: one copy of the batch per head, at most
+            # PATCH_ROWS rows per replay of the receivers' block.
+            step = max(1, PATCH_ROWS // (layout.n_heads * len(rows)))
+            for start in range(0, len(sending), step):
+                chunk = sending[start : start + step]
+                delta = torch.cat(
+                    [(corrupted.kept[layer] - clean_writes.kept[layer]).transpose(0, 1) for layer in chunk]
+                )  # [len(chunk) * H, B, D]
                 patched = _receiver_preference(
                     loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, delta
                 )
-                effect[:, layer] += base[:, None] - patched.view(layout.n_heads, -1).T
+                effect[:, chunk] += base[:, None, None] - patched.view(
+                    len(chunk), layout.n_heads, -1
+                ).permute(2, 0, 1)
         sums[rows] += effect / reached.clamp(min=1)[None, :, None]
         counts[rows] += 1.0
         if advance:

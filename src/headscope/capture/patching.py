@@ -26,7 +26,7 @@ from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
 from .dla import HeadWrites
-from .stream import LayerCallback, _sink, model_inputs, prepared
+from .stream import LayerCallback, _sink, model_inputs, prepared, stopping_after
 
 
 @dataclass
@@ -78,7 +78,9 @@ def record_block_inputs(
             writes.hooked() if writes is not None else contextlib.nullcontext(),
         ):
             sink.record_kv = set(wanted)
-            loaded.base(**inputs)
+            # Blocks after the last wanted one cannot change what is recorded: the pass stops there.
+            with stopping_after(loaded, max(wanted)) as stopped:
+                stopped(loaded.base, inputs)
         if writes is not None:
             writes.finish()
     finally:

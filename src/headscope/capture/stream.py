@@ -252,6 +252,38 @@ def model_inputs(loaded: Any, batch: Batch) -> dict[str, Any]:
     return inputs
 
 
+class _Stop(Exception):
+    """Raised before the first block a pass does not need; caught by :func:`stopping_after`."""
+
+
+@contextlib.contextmanager
+def stopping_after(loaded: Any, last: int | None) -> Iterator[Callable[[Any, dict[str, Any]], Any]]:
+    """``call(module, inputs)`` runs ``module(**inputs)``, ending the pass before block ``last + 1``
+    (None: the whole pass; the result is then None)."""
+    from headscope.models.anatomy import blocks
+
+    stages = blocks(loaded.model) if last is not None else []
+    handle = None
+    if last is not None and last + 1 < len(stages):
+
+        def stop(*_: Any) -> None:
+            raise _Stop
+
+        handle = stages[last + 1].register_forward_pre_hook(stop)
+
+    def call(module: Any, inputs: dict[str, Any]) -> Any:
+        try:
+            return module(**inputs)
+        except _Stop:
+            return None
+
+    try:
+        yield call
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 def run(
     loaded: Any,
     batches: Iterable[Batch],
@@ -264,6 +296,7 @@ def run(
     recorder: HeadOutputMeans | None = None,
     writes: HeadWrites | None = None,
     on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
+    stop_after: int | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -279,16 +312,22 @@ def run(
     (:class:`HeadWrites`; its ``begin`` and ``finish`` run around each batch, and it is complete
     when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
     states ``[B, T, D]`` (after the final norm), for logits at a few positions.
+    ``stop_after`` (streaming capture only) ends each forward pass once block ``stop_after`` has
+    run: for callers that need only the layers up to it (path patching's senders).
     """
     if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
+    if stop_after is not None and (on_hidden or on_token_loss or loaded.capture_mode != "stream"):
+        raise RunFailure("stop_after ends the pass early: no final states, and streaming capture only")
     module = loaded.base
     layers = attention_layers(loaded)
+    if stop_after is not None:
+        layers = [layer for layer in layers if layer <= stop_after]
     n_layers = len(layers)
-    with prepared(loaded), torch.inference_mode():
+    with prepared(loaded), torch.inference_mode(), stopping_after(loaded, stop_after) as stopped:
         for batch in batches:
             on_device = batch.to(device)
             inputs = model_inputs(loaded, on_device)
@@ -297,7 +336,7 @@ def run(
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
                     with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
-                        out = module(**inputs)
+                        out = stopped(module, inputs)
                     if sink.calls != n_layers:
                         raise RunFailure(
                             f"expected attention from {n_layers} layers, captured {sink.calls}",
