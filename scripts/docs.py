@@ -34,6 +34,21 @@ Attributes, double-quoted (write ``&quot;`` for a ``"`` and ``&amp;`` for a ``&`
   when A > 1, after it when lines follow B).
 - ``exit="N"``: the exit status the command must have (default 0); ``"0 ;; 2"`` gives one per command.
   Any other status is an error that names the block.
+- ``same-as="ID"``: show the output of the block with id ID (in any file) without running its
+  command again; with ``lines=``, an excerpt of it. ``cmd`` stays (the Markdown shows it) and must
+  equal that block's; so must ``cost``. The block named must show its whole output (no ``lines=``);
+  it may itself be a ``same-as`` block (the output is then that of the block at the end of the
+  chain). Such a block never runs: when the block it names runs, it is rewritten from that run,
+  otherwise from the text that block has in its file (so ``outputs`` and ``--check`` keep the two in
+  step without running anything expensive). An expensive one carries that block's stamp: its
+  ``measured``, ``version`` and ``seconds`` and its ``<small>`` line. ``--only ID`` of a ``same-as``
+  block runs the block it names. An unknown id, a cycle, or a ``cmd`` or ``cost`` that differs is
+  an error naming the file and line; ``exit`` and ``keep`` belong on the block named, not here.
+- ``keep="FROM:TO"`` (several separated by ``;;``): after the block's commands ran, copy the file
+  FROM, relative to the scratch folder (a file a command wrote there), to TO, relative to the
+  repository root (a figure the docs show, say), atomically: a temporary file beside TO, then
+  ``os.replace``; an unchanged file is not rewritten. Both are relative paths without ``..``. A FROM
+  the commands did not write is an error naming the block. ``--check`` copies nothing.
 
 Timing placeholders in prose, ``<!-- hs:timing id="demo" -->about 5 minutes<!-- hs:end -->`` (on one
 line), are filled from the ``seconds`` of the expensive block with that id. The rounding rule
@@ -45,6 +60,11 @@ How a block runs
 ----------------
 Each block gets a fresh scratch folder holding a symlink to every top-level entry of the repository
 (``tests/toy/model`` and ``configs/...`` resolve; files a command writes land in the scratch folder).
+The folder is made beside the repository (``../.hs-docs-XXXX``), so that a path the docs give from
+the repository root to one of its siblings resolves too (``../shared/data/...``: the clone sits
+beside ``shared/``); when the repository's parent is not writable, it is made in the system's
+temporary folder instead (where such paths do not resolve). It is removed when the block is done,
+and a command that runs past its time limit is stopped with everything it started.
 Before expensive blocks run, the bundled GGUF models are dequantized into headscope's cache (if they
 are not there yet), so that their times are those of a second run, not a first.
 bash runs each command there with stdout and stderr merged in order, and ``HF_HUB_OFFLINE=1
@@ -121,7 +141,7 @@ DROPPED_ENV = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "LINES", "PYTHONWAR
 CHEAP_TIMEOUT = 600
 WARM_MODELS = ("smollm2-135m", "gemma3-270m")  # bundled GGUFs: dequantized once, then read from the cache
 EXPENSIVE_TIMEOUT = 4 * 3600
-KNOWN_ATTRS = ("cmd", "cost", "id", "lines", "exit", "measured", "version", "seconds")
+KNOWN_ATTRS = ("cmd", "cost", "id", "lines", "exit", "same-as", "keep", "measured", "version", "seconds")
 STAMP_ATTRS = ("measured", "version", "seconds")
 
 
@@ -153,10 +173,24 @@ class Block:
     indent: str
     attrs: dict[str, str]
     body: list[str]
+    # For a same-as block: the block at the end of its chain, whose output it shows (resolve_same_as).
+    source: Block | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def where(self) -> str:
         return f"{display(self.path)}:{self.line}"
+
+    @property
+    def same_as(self) -> str | None:
+        return self.attrs.get("same-as")
+
+    @property
+    def keeps(self) -> list[tuple[str, str]]:
+        """``keep="FROM:TO ;; ..."`` as (FROM, TO) pairs."""
+        if "keep" not in self.attrs:
+            return []
+        pairs = [item.split(":", 1) for item in self.attrs["keep"].split(";;")]
+        return [(src.strip(), dest.strip()) for src, dest in pairs]
 
     @property
     def cmd(self) -> str:
@@ -339,12 +373,36 @@ def _block(path: Path, lines: list[str], i: int, opening: re.Match[str]) -> Bloc
             )
     if "seconds" in attrs and not re.fullmatch(r"\d+(\.\d+)?", attrs["seconds"]):
         raise DocsError(f'{where}: seconds="{attrs["seconds"]}" is not a number')
+    if "same-as" in attrs:
+        if not re.fullmatch(r"\S+", attrs["same-as"]):
+            raise DocsError(
+                f'{where}: same-as="{attrs["same-as"]}": write same-as="ID", the id of another block'
+            )
+        for name in ("exit", "keep"):
+            if name in attrs:
+                raise DocsError(
+                    f"{where}: {name}= belongs on the block that runs the commands "
+                    f"(id {attrs['same-as']!r}), not on a same-as block"
+                )
+    if "keep" in attrs:
+        for item in attrs["keep"].split(";;"):
+            src, colon, dest = (part.strip() for part in item.partition(":"))
+            if not (colon and _relative(src) and _relative(dest)):
+                raise DocsError(
+                    f'{where}: keep="{attrs["keep"]}": write keep="FROM:TO" (several separated by ;;), '
+                    "FROM relative to the scratch folder and TO to the repository root, without .."
+                )
     for j in range(i + 1, len(lines)):
         if _END.match(lines[j]):
             return Block(path, i + 1, j + 1, opening["indent"], attrs, lines[i + 1 : j])
         if _OPEN.match(lines[j]):
             break
     raise DocsError(f"{where}: hs:output block is not closed: add <!-- hs:end --> on its own line after it")
+
+
+def _relative(path: str) -> bool:
+    """A relative path that stays below the folder it is relative to (for keep=)."""
+    return bool(path) and not Path(path).is_absolute() and ".." not in Path(path).parts
 
 
 def doc_files(files: Sequence[str | Path] = ()) -> list[Path]:
@@ -378,6 +436,7 @@ class BlockRun:
     ran: list[Ran]
     seconds: float
     errors: list[str]
+    kept: list[tuple[str, bytes]] = dataclasses.field(default_factory=list)  # keep=: (TO, FROM's bytes)
 
 
 def command_env(cheap: bool) -> dict[str, str]:
@@ -392,11 +451,39 @@ def command_env(cheap: bool) -> dict[str, str]:
 
 
 def scratch_folder() -> Path:
-    """A fresh folder with a symlink to every top-level entry of the repository."""
-    folder = Path(tempfile.mkdtemp(prefix="hs-docs-"))
-    for entry in ROOT.iterdir():
-        (folder / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    """A fresh folder with a symlink to every top-level entry of the repository, made beside the
+    repository (so that ``../shared/...`` resolves from it as from the repository root), or in the
+    system's temporary folder when the repository's parent is not writable."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=".hs-docs-", dir=ROOT.parent))
+    except OSError:
+        folder = Path(tempfile.mkdtemp(prefix="hs-docs-"))
+    try:
+        for entry in ROOT.iterdir():
+            (folder / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    except BaseException:
+        remove_scratch(folder)
+        raise
     return folder
+
+
+def remove_scratch(folder: Path) -> None:
+    """Remove a scratch folder: the links to the repository are unlinked, never followed. Folders a
+    command left read-only are made writable first; one that still cannot go is reported."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if not os.path.lexists(folder):
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(folder, 0o700)
+    for parent, folders, _files in os.walk(folder):  # not into the links: os.walk does not follow them
+        for name in folders:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(path, 0o700)
+    shutil.rmtree(folder, ignore_errors=True)
+    if os.path.lexists(folder):
+        print(f"warning: could not remove the scratch folder {folder}", file=sys.stderr)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -473,9 +560,16 @@ def run_block(block: Block, timeout: float | None = None, fork: ForkServer | Non
                     + (' (declare it with exit="N" if that is intended)' if expected == 0 else "")
                     + f"; its output ends:\n{tail}"
                 )
+        seconds = time.perf_counter() - started
+        kept = []
+        for src, dest in block.keeps if not errors else ():
+            if not (folder / src).is_file():
+                errors.append(f'{block.where}: keep="{src}:{dest}": the commands wrote no file {src}')
+            else:
+                kept.append((dest, (folder / src).read_bytes()))
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return BlockRun(block, ran, time.perf_counter() - started, errors)
+        remove_scratch(folder)
+    return BlockRun(block, ran, seconds, errors, kept)
 
 
 def warm_cache(log: Callable[[str], None]) -> None:
@@ -489,21 +583,41 @@ def warm_cache(log: Callable[[str], None]) -> None:
 
 def _bash(command: str, folder: Path, env: dict[str, str], timeout: float) -> tuple[str, int | None]:
     """bash -c COMMAND in ``folder``: the output (stdout and stderr in order) and the exit status,
-    None when it ran past ``timeout``."""
+    None when it ran past ``timeout``. bash runs in a process group of its own, so that what it
+    started is stopped with it (past the time limit, or on Ctrl-C) instead of living on and writing
+    into a scratch folder that is being removed."""
+    process = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    status: int | None
     try:
-        done = subprocess.run(
-            ["bash", "-c", command],
-            cwd=folder,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        return (exc.stdout or b"").decode("utf-8", errors="replace"), None
-    return done.stdout.decode("utf-8", errors="replace"), done.returncode
+        output, _ = process.communicate(timeout=timeout)
+        status = process.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        try:
+            output, _ = process.communicate(timeout=30)  # what it printed before it was stopped
+        except subprocess.TimeoutExpired as exc:  # a process that left the group holds the pipe
+            output = exc.output or b""
+        status = None
+    except BaseException:
+        _kill_group(process)
+        process.wait()
+        raise
+    return output.decode("utf-8", errors="replace"), status
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # start_new_session: the group's id is bash's pid
 
 
 # --- the fork server ------------------------------------------------------------------------------
@@ -739,13 +853,18 @@ class ForkRunner:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def transcript(block: Block, ran: Sequence[Ran]) -> list[str]:
-    """The block's text: each ``$ cmd`` line and its output, cut to ``lines=`` if given."""
+def full_transcript(ran: Sequence[Ran]) -> list[str]:
+    """Each ``$ cmd`` line and its output."""
     text: list[str] = []
     for one in ran:
         text.append(f"$ {one.command}")
         if one.output:
             text += one.output.split("\n")
+    return text
+
+
+def cut(block: Block, text: list[str]) -> list[str]:
+    """A full transcript cut to the block's ``lines=``, if it has one."""
     excerpt = block.excerpt
     if excerpt is None:
         return text
@@ -756,15 +875,38 @@ def transcript(block: Block, ran: Sequence[Ran]) -> list[str]:
     return first + (["…"] if start > 1 else []) + shown + (["…"] if stop < len(rest) else [])
 
 
+def transcript(block: Block, ran: Sequence[Ran]) -> list[str]:
+    """The block's text: each ``$ cmd`` line and its output, cut to ``lines=`` if given."""
+    return cut(block, full_transcript(ran))
+
+
 def body(block: Block, ran: Sequence[Ran], stamp: str | None = None) -> list[str]:
     """The lines between the markers: a fenced text block and, for expensive blocks, the stamp."""
-    text = transcript(block, ran)
+    return fenced(block, transcript(block, ran), stamp)
+
+
+def fenced(block: Block, text: list[str], stamp: str | None = None) -> list[str]:
+    """``text`` (a block's transcript) as the lines between its markers, with the stamp if given."""
     longest = max((len(run) for line in text for run in re.findall(r"`+", line)), default=0)
     fence = "`" * max(3, longest + 1)
     lines = [f"{fence}text", *text, fence]
     if stamp is not None:
         lines += ["", stamp]
     return [block.indent + line if line else "" for line in lines]
+
+
+def stored(block: Block) -> tuple[list[str], str | None] | None:
+    """What a block's file holds between its markers, taken apart: its transcript and its stamp line
+    (None when the body is not a fenced text block, as when the block was never generated)."""
+    lines = [line[len(block.indent) :] if line.startswith(block.indent) else line for line in block.body]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    opening = re.fullmatch(r"(`{3,})text", lines[0]) if lines else None
+    if opening is None or opening[1] not in lines[1:]:
+        return None
+    close = lines.index(opening[1], 1)
+    rest = [line.strip() for line in lines[close + 1 :] if line.strip()]
+    return lines[1:close], rest[0] if rest else None
 
 
 def stamp_line(when: str, version: str, seconds: float) -> str:
@@ -897,6 +1039,53 @@ def check_ids(docs: Iterable[Doc], timed: Iterable[Doc] | None = None) -> dict[s
     return seen
 
 
+def resolve_same_as(ids: dict[str, Block], blocks: Iterable[Block]) -> None:
+    """Point each same-as block of ``blocks`` at the block whose output it shows (``block.source``):
+    the end of its chain of same-as ids. An unknown id, a cycle, a cmd or cost that differs from the
+    named block's, or a named block that shows an excerpt is a DocsError naming file:line."""
+    for block in blocks:
+        if block.same_as is None:
+            continue
+        chain, current = [block], block
+        while current.same_as is not None:
+            target = ids.get(current.same_as)
+            if target is None:
+                raise DocsError(
+                    f"{current.where}: same-as={current.same_as!r}: no hs:output block has that id"
+                )
+            if any(target is seen for seen in chain):
+                names = " -> ".join(f"{b.id or '?'} ({b.where})" for b in [*chain, target])
+                raise DocsError(f"{block.where}: same-as makes a cycle: {names}")
+            if target.commands != current.commands:
+                raise DocsError(
+                    f'{current.where}: cmd="{current.cmd}" is not the cmd of the block it is the same as, '
+                    f'{target.where} (id {target.id!r}): cmd="{target.cmd}"'
+                )
+            if target.expensive != current.expensive:
+                cost = "expensive" if target.expensive else "cheap"
+                raise DocsError(
+                    f"{current.where}: its cost differs from that of the block it is the same as, "
+                    f'{target.where} (id {target.id!r}): give it cost="{cost}" too'
+                )
+            chain.append(target)
+            current = target
+        if current.excerpt is not None:
+            raise DocsError(
+                f"{block.where}: same-as={block.same_as!r} shows the output of {current.where}, which "
+                'shows only an excerpt (lines="..."): name a block that shows the whole output'
+            )
+        block.source = current
+
+
+@dataclasses.dataclass
+class Shown:
+    """The output a block shows: its whole transcript and, for an expensive block, its stamp."""
+
+    text: list[str]
+    stamp_attrs: dict[str, str]
+    stamp: str | None
+
+
 def outputs(
     files: Sequence[str | Path] = (),
     *,
@@ -912,7 +1101,8 @@ def outputs(
 ) -> Outcome:
     """Regenerate (or, with ``check``, compare) the output blocks of ``files`` (default: all).
 
-    ``every`` is the set of files ids and timings are looked up in (default: README.md and docs/).
+    ``every`` is the set of files ids, timings and same-as blocks are looked up in (default: README.md
+    and docs/).
     """
     from headscope import __version__
 
@@ -930,11 +1120,14 @@ def outputs(
         known = ", ".join(sorted(ids)) or "none"
         raise DocsError(f"no block with id {', '.join(map(repr, missing))} (ids: {known})")
     blocks = [b for d in docs for b in d.blocks]
+    resolve_same_as(ids, blocks)
     outcome.errors += usage_errors(blocks)
+    # A same-as block never runs; the block it shows does (first, whatever the order of the files).
     if only:
-        todo = [b for b in blocks if b.id in only]
+        wanted = [b.source or b for b in blocks if b.id in only]
     else:
-        todo = [b for b in blocks if not b.expensive or (expensive and not check)]
+        wanted = [b for b in blocks if b.same_as is None and (not b.expensive or (expensive and not check))]
+    todo = list({id(b): b for b in wanted}.values())
     cheap = [b for b in todo if not b.expensive]
     dear = [b for b in todo if b.expensive]
     if check and dear:
@@ -969,38 +1162,68 @@ def outputs(
 
     when = today or datetime.date.today().isoformat()
     seconds = {i: float(b.attrs["seconds"]) for i, b in ids.items() if "seconds" in b.attrs}
+    shown: dict[int, Shown] = {}  # id(block) -> what it shows now, for the blocks that ran
+    for block in todo:
+        run = runs[id(block)]
+        outcome.errors += run.errors
+        outcome.normalised += [
+            f"{block.where}: `{one.command}`: {', '.join(one.normalised)}"
+            for one in run.ran
+            if one.normalised
+        ]
+        if run.errors:
+            continue
+        stamp_attrs, stamp = {}, None
+        if block.expensive:
+            stamp_attrs = {"measured": when, "version": __version__, "seconds": f"{run.seconds:.0f}"}
+            stamp = stamp_line(when, __version__, run.seconds)
+            if block.id:
+                seconds[block.id] = round(run.seconds)
+        shown[id(block)] = Shown(full_transcript(run.ran), stamp_attrs, stamp)
+        if not check:
+            for dest, data in run.kept:
+                if keep_file(dest, data):
+                    outcome.written.append(f"{display(ROOT / dest)} (keep= of {block.where})")
+
     edits: dict[Path, dict[int, list[str]]] = {}  # file -> 0-based line of an opening marker -> new lines
     for doc in docs:
         for block in doc.blocks:
-            run = runs.get(id(block))
-            if run is None:
+            source = block.source or block
+            now = shown.get(id(source))
+            if now is None and block.same_as is not None and id(source) not in runs:
+                now = _stored_shown(source)  # the named block did not run: its text in its file
+                if now is None:
+                    outcome.notes.append(
+                        f"{block.where}: left as it is: the block it shows ({source.where}) has no output yet"
+                    )
+            if now is None:
                 continue
-            outcome.errors += run.errors
-            outcome.normalised += [
-                f"{block.where}: `{one.command}`: {', '.join(one.normalised)}"
-                for one in run.ran
-                if one.normalised
-            ]
-            if run.errors:
-                continue
+            if block.same_as is not None and block.id and "seconds" in now.stamp_attrs:
+                seconds[block.id] = float(now.stamp_attrs["seconds"])
             if block.expensive:
                 attrs = {k: v for k, v in block.attrs.items() if k not in STAMP_ATTRS}
-                attrs.update(measured=when, version=__version__, seconds=f"{run.seconds:.0f}")
-                if block.id:
-                    seconds[block.id] = round(run.seconds)
-                new = body(block, run.ran, stamp_line(when, __version__, run.seconds))
-                edits.setdefault(doc.path, {})[block.line - 1] = [marker(block, attrs), *new]
-                outcome.written.append(f"{block.where}: measured, {run.seconds:.0f} s")
-                continue
-            new = body(block, run.ran)
-            if masked(new) == masked(block.body):
-                continue  # the same, or only timings differ: keep the text as it is
-            if check:
-                diff = difflib.unified_diff(block.body, new, "in the file", "generated now", lineterm="", n=2)
-                outcome.stale.append(f"{block.where}: `{block.cmd}` is out of date:\n" + "\n".join(diff))
+                attrs.update(now.stamp_attrs)
+                opening = marker(block, attrs)
             else:
-                edits.setdefault(doc.path, {})[block.line - 1] = [doc.lines[block.line - 1], *new]
-                outcome.written.append(f"{block.where}: rewritten")
+                opening = doc.lines[block.line - 1]
+            new = [opening, *fenced(block, cut(block, now.text), now.stamp)]
+            old = [doc.lines[block.line - 1], *block.body]
+            if block.expensive and block.same_as is None:  # measured now: the new stamp replaces the old
+                edits.setdefault(doc.path, {})[block.line - 1] = new
+                outcome.written.append(f"{block.where}: measured, {now.stamp_attrs['seconds']} s")
+                continue
+            if masked(new) == masked(old):
+                continue  # the same, or only timings differ: keep the text as it is
+            what = f"the output of {source.where}" if block.same_as is not None else f"`{block.cmd}`"
+            if check:
+                diff = difflib.unified_diff(old, new, "in the file", "generated now", lineterm="", n=2)
+                outcome.stale.append(f"{block.where}: {what} is out of date:\n" + "\n".join(diff))
+            else:
+                edits.setdefault(doc.path, {})[block.line - 1] = new
+                outcome.written.append(
+                    f"{block.where}: rewritten"
+                    + (f" from {source.where}" if block.same_as is not None else "")
+                )
     for doc in docs:
         timing_edits = _timings(doc, seconds, check, outcome)
         if check or not (doc.path in edits or timing_edits):
@@ -1013,9 +1236,47 @@ def outputs(
             if new is not None:
                 lines[block.line - 1 : block.end - 1] = new
         doc.path.write_text("\n".join(lines), encoding="utf-8")
-    measured = {id(b) for b in dear if id(b) in runs and not runs[id(b)].errors}
-    outcome.notes += stamp_report([b for d in docs for b in d.blocks if id(b) not in measured], __version__)
+    # Not reported: blocks measured now, and same-as blocks (the block they show is reported).
+    measured = {id(b) for b in dear if id(b) in shown}
+    outcome.notes += stamp_report(
+        [b for d in docs for b in d.blocks if id(b) not in measured and b.same_as is None], __version__
+    )
     return outcome
+
+
+def _stored_shown(block: Block) -> Shown | None:
+    """What ``block`` shows according to its file (it did not run now), or None if nothing yet."""
+    found = stored(block)
+    if found is None:
+        return None
+    text, stamp = found
+    if not text or text[0] != f"$ {block.commands[0]}":
+        return None
+    stamp_attrs = {k: block.attrs[k] for k in STAMP_ATTRS if k in block.attrs}
+    return Shown(text, stamp_attrs, stamp if block.expensive else None)
+
+
+def keep_file(dest: str, data: bytes) -> bool:
+    """Write ``data`` to ``dest`` (relative to the repository root) atomically: a temporary file
+    beside it, then os.replace. False when the file already holds exactly that."""
+    target = ROOT / dest
+    if target.is_file() and target.read_bytes() == data:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = (target.stat().st_mode & 0o777) if target.exists() else 0o644
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return True
 
 
 def _timings(
@@ -1052,7 +1313,7 @@ def usage_errors(blocks: Iterable[Block]) -> list[str]:
     root = typer.main.get_command(app)
     ctx = typer.Context(root, info_name="headscope")
     errors = []
-    for block in blocks:
+    for block in {id(b.source or b): b.source or b for b in blocks}.values():  # a same-as block's once
         for command, expected in zip(block.commands, block.exits, strict=True):
             argv = headscope_argv(command)
             if expected != 0 or argv is None or len(argv) < 2 or {"--help", "--version"} & set(argv):
@@ -1079,6 +1340,8 @@ def list_blocks(files: Sequence[str | Path] = ()) -> str:
                 else ""
             )
             name = f" id={block.id}" if block.id else ""
+            name += f" same-as={block.same_as}" if block.same_as else ""
+            name += "".join(f" keeps {dest}" for _, dest in block.keeps)
             rows.append(f"{block.where}: {cost}{name}{stamp}: {block.cmd}")
     return "\n".join(rows) or "no output blocks"
 

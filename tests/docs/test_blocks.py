@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -460,3 +461,270 @@ def test_markers_inside_inline_code_are_text(docs, tmp_path):
     doc = docs.parse(page)
     assert doc.blocks == []
     assert [(t.line, t.id, t.text) for t in doc.timings] == [(2, "y", "this")]
+
+
+# --- the scratch folder -----------------------------------------------------------------------------------
+
+
+def _fake_repository(docs, tmp_path, monkeypatch) -> Path:
+    """ROOT pointed at tmp_path/parent/repo, beside tmp_path/parent/shared (as the clone sits beside
+    shared/); the real repository is never written."""
+    repo = tmp_path / "parent" / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "figure.txt").write_text("old figure\n")
+    (tmp_path / "parent" / "shared").mkdir()
+    (tmp_path / "parent" / "shared" / "data.txt").write_text("shared data\n")
+    monkeypatch.setattr(docs, "ROOT", repo)
+    return repo
+
+
+def _watch_scratch(docs, monkeypatch) -> list[Path]:
+    folders: list[Path] = []
+    make = docs.scratch_folder
+    monkeypatch.setattr(docs, "scratch_folder", lambda: folders.append(make()) or folders[-1])
+    return folders
+
+
+def test_the_scratch_folder_is_beside_the_repository_and_removed_afterwards(docs, tmp_path, monkeypatch):
+    repo = _fake_repository(docs, tmp_path, monkeypatch)
+    folders = _watch_scratch(docs, monkeypatch)
+    page = write(
+        repo,
+        '<!-- hs:output cmd="cat ../shared/data.txt ;; pwd; echo $PWD/made.txt ;; cat docs/figure.txt ;; '
+        'mkdir -p ro/sub; touch ro/sub/f; chmod -R a-w ro" -->\n<!-- hs:end -->\n',
+    )
+    run = docs.run_block(docs.parse(page).blocks[0])
+    assert not run.errors, run.errors
+    assert [one.output for one in run.ran] == ["shared data", ".\nmade.txt", "old figure", ""]
+    assert run.ran[1].normalised == ["scratch folder path"]
+    (folder,) = folders
+    assert folder.parent == repo.parent and folder.name.startswith(".hs-docs-")
+    assert not folder.exists()  # removed, read-only leftovers included
+    assert sorted(p.name for p in repo.parent.iterdir()) == ["repo", "shared"]
+    assert (repo / "docs" / "figure.txt").read_text() == "old figure\n"  # links unlinked, not followed
+
+
+def test_the_scratch_folder_falls_back_to_the_temporary_folder(docs, tmp_path, monkeypatch):
+    import tempfile
+
+    _fake_repository(docs, tmp_path, monkeypatch)
+    make = tempfile.mkdtemp
+
+    def refuse_beside(*args, dir=None, **kwargs):  # noqa: A002  (tempfile's own name)
+        if dir is not None:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(docs.tempfile, "mkdtemp", refuse_beside)
+    folder = docs.scratch_folder()
+    try:
+        assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("hs-docs-")
+        assert (folder / "docs" / "figure.txt").read_text() == "old figure\n"
+    finally:
+        docs.remove_scratch(folder)
+    assert not folder.exists()
+
+
+def test_a_command_past_its_time_is_stopped_with_what_it_started(docs, tmp_path):
+    page = write(tmp_path, '<!-- hs:output cmd="sleep 300 &amp; echo $!; wait" -->\n<!-- hs:end -->\n')
+    run = docs.run_block(docs.parse(page).blocks[0], timeout=2)
+    assert run.errors == [f"{docs.display(page)}:1: `sleep 300 & echo $!; wait` ran past 2 s and was stopped"]
+    child = int(run.ran[0].output)
+    stat = Path(f"/proc/{child}/stat")
+    for _ in range(50):  # killed, then reaped by whoever inherits it
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the command's child {child} outlived it")
+
+
+# --- same-as --------------------------------------------------------------------------------------------------
+
+
+SAME_AS = (
+    '<!-- hs:output cmd="scan" id="short" same-as="full" lines="2-3" -->\n<!-- hs:end -->\n\n'  # before it
+    '<!-- hs:output cmd="scan" id="full" -->\n<!-- hs:end -->\n\n'
+    '<!-- hs:output cmd="scan" same-as="short" -->\n<!-- hs:end -->\n'  # a chain: shows "full" too
+)
+
+
+def counting_runner(docs, outputs: dict[str, str], calls: list[str], seconds: float = 1.0):
+    run = fake_runner(docs, outputs, seconds=seconds)
+
+    def counted(block):
+        calls.append(block.id)
+        return run(block)
+
+    return counted
+
+
+def test_same_as_shows_another_blocks_output_without_running_it(docs, tmp_path):
+    page = write(tmp_path, SAME_AS)
+    calls: list[str] = []
+    runner = counting_runner(docs, {"scan": "o1\no2\no3\no4"}, calls)
+    outcome = docs.outputs([page], every=[], runner=runner, log=quiet)
+    assert outcome.ok, outcome
+    assert calls == ["full"]  # run once, though two blocks show it and one comes first
+    excerpt, full, again = docs.parse(page).blocks
+    assert excerpt.body == [f"{FENCE}text", "$ scan", "…", "o2", "o3", "…", FENCE]
+    assert full.body == again.body == [f"{FENCE}text", "$ scan", "o1", "o2", "o3", "o4", FENCE]
+    assert docs.outputs([page], every=[], check=True, runner=runner, log=quiet).ok
+    # --check: a changed output makes both stale; --only of the excerpt runs the block it shows.
+    changed = counting_runner(docs, {"scan": "o1\nO2\no3\no4"}, calls)
+    outcome = docs.outputs([page], every=[], check=True, runner=changed, log=quiet)
+    first, second, third = (b.where for b in docs.parse(page).blocks)
+    assert [s.split(" is out of date")[0] for s in outcome.stale] == [
+        f"{first}: the output of {second}",
+        f"{second}: `scan`",
+        f"{third}: the output of {second}",
+    ]
+    calls.clear()
+    docs.outputs([page], every=[], only=["short"], runner=changed, log=quiet)
+    assert calls == ["full"] and docs.parse(page).blocks[0].body[3] == "O2"
+
+
+def test_same_as_copies_the_stamp_and_follows_the_text_of_a_block_that_did_not_run(docs, tmp_path):
+    elsewhere = write(
+        tmp_path, '<!-- hs:output cmd="slow" cost="expensive" id="slow" -->\n<!-- hs:end -->\n', "full.md"
+    )
+    page = write(
+        tmp_path,
+        '<!-- hs:output cmd="slow" cost="expensive" id="slow-excerpt" same-as="slow" lines="1-1" -->\n'
+        '<!-- hs:end -->\nIt takes <!-- hs:timing id="slow-excerpt" -->long<!-- hs:end -->.\n',
+    )
+    both = [elsewhere, page]
+    # The block it shows has no output yet: left as it is, and said so.
+    outcome = docs.outputs([page], every=both, log=quiet)
+    shows = f"the block it shows ({docs.display(elsewhere)}:1) has no output yet"
+    assert outcome.ok and any(shows in n for n in outcome.notes)
+    # Measured (only that file): its text and stamp are in its file, not yet in the excerpt's.
+    runner = fake_runner(docs, {"slow": "a\nb"}, seconds=212)
+    docs.outputs([elsewhere], every=both, expensive=True, runner=runner, log=quiet, today="2026-12-01")
+    stale = docs.outputs([page], every=both, check=True, log=quiet)
+    assert [s.split(":\n")[0] for s in stale.stale] == [
+        f"{docs.display(page)}:1: the output of {docs.display(elsewhere)}:1 is out of date",
+        f"{docs.display(page)}:3: timing 'slow-excerpt' says 'long'; its block: 'about 4 minutes'",
+    ]
+    # The cheap run brings it in step from the file, running nothing.
+    outcome = docs.outputs([page], every=both, runner=fake_runner(docs, {}), log=quiet)
+    assert outcome.ok, outcome
+    (block,) = docs.parse(page).blocks
+    assert {k: block.attrs[k] for k in ("measured", "seconds")} == {
+        "measured": "2026-12-01",
+        "seconds": "212",
+    }
+    assert block.attrs["version"] == docs.parse(elsewhere).blocks[0].attrs["version"]
+    assert block.body[:4] == [f"{FENCE}text", "$ slow", "a", "…"]
+    assert block.body[-1] == docs.parse(elsewhere).blocks[0].body[-1]  # the stamp line, copied
+    assert block.body[-1].startswith("<small>Generated by")
+    assert 'It takes <!-- hs:timing id="slow-excerpt" -->about 4 minutes<!-- hs:end -->.' in page.read_text()
+    assert docs.outputs([page], every=both, check=True, log=quiet).ok
+    assert not any("slow-excerpt" in n or ":1: never generated" in n for n in outcome.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ('<!-- hs:output cmd="a" same-as="nope" -->\n<!-- hs:end -->\n', 1, "same-as='nope': no hs:output"),
+        (
+            '<!-- hs:output cmd="a" id="x" same-as="y" -->\n<!-- hs:end -->\n'
+            '<!-- hs:output cmd="a" id="y" same-as="x" -->\n<!-- hs:end -->\n',
+            1,
+            "same-as makes a cycle: x (page.md:1) -> y (page.md:3) -> x (page.md:1)",
+        ),
+        ('<!-- hs:output cmd="a" id="x" same-as="x" -->\n<!-- hs:end -->\n', 1, "cycle"),
+        (
+            '<!-- hs:output cmd="a" id="x" -->\n<!-- hs:end -->\n'
+            '<!-- hs:output cmd="b" same-as="x" -->\n<!-- hs:end -->\n',
+            3,
+            'cmd="b" is not the cmd of the block it is the same as, page.md:1 (id \'x\'): cmd="a"',
+        ),
+        (
+            '<!-- hs:output cmd="a" id="x" cost="expensive" -->\n<!-- hs:end -->\n'
+            '<!-- hs:output cmd="a" same-as="x" -->\n<!-- hs:end -->\n',
+            3,
+            'give it cost="expensive" too',
+        ),
+        (
+            '<!-- hs:output cmd="a" id="x" lines="1-2" -->\n<!-- hs:end -->\n'
+            '<!-- hs:output cmd="a" same-as="x" -->\n<!-- hs:end -->\n',
+            3,
+            "shows only an excerpt",
+        ),
+        ('<!-- hs:output cmd="a" same-as="x" exit="2" -->\n<!-- hs:end -->\n', 1, "exit= belongs on"),
+        ('<!-- hs:output cmd="a" same-as="x" keep="a:b" -->\n<!-- hs:end -->\n', 1, "keep= belongs on"),
+        ('<!-- hs:output cmd="a" same-as="" -->\n<!-- hs:end -->\n', 1, 'write same-as="ID"'),
+    ],
+)
+def test_same_as_errors_name_file_and_line(docs, tmp_path, text, line, message):
+    page = write(tmp_path, text)
+    with pytest.raises(docs.DocsError) as caught:
+        docs.outputs([page], every=[], runner=fake_runner(docs, {"a": ""}), log=quiet)
+    assert str(caught.value).startswith(f"{docs.display(page)}:{line}: ")
+    assert message.replace("page.md", docs.display(page)) in str(caught.value)
+
+
+# --- keep -----------------------------------------------------------------------------------------------------
+
+
+def test_keep_copies_a_file_the_commands_wrote_into_the_repository(docs, tmp_path, monkeypatch):
+    repo = _fake_repository(docs, tmp_path, monkeypatch)
+    page = write(
+        repo,
+        '<!-- hs:output cmd="printf new &gt; figure.txt ;; mkdir out; printf two &gt; out/b.txt" '
+        'keep="figure.txt:docs/figure.txt ;; out/b.txt:docs/new/b.txt" -->\n<!-- hs:end -->\n',
+    )
+    before = page.read_text()
+    page.write_text(before.replace("&gt;", ">"))
+    # --check copies nothing.
+    outcome = docs.outputs([page], every=[], check=True, fork=False, log=quiet)
+    assert (repo / "docs" / "figure.txt").read_text() == "old figure\n"
+    assert not (repo / "docs" / "new").exists()
+    outcome = docs.outputs([page], every=[], fork=False, log=quiet)
+    assert outcome.ok, outcome.errors
+    assert (repo / "docs" / "figure.txt").read_text() == "new"
+    assert (repo / "docs" / "new" / "b.txt").read_text() == "two"
+    assert (repo / "docs" / "new" / "b.txt").stat().st_mode & 0o777 == 0o644
+    assert "docs/figure.txt (keep= of page.md:1)" in outcome.written
+    assert sorted(p.name for p in (repo / "docs").iterdir()) == ["figure.txt", "new"]  # no temporary left
+    # Unchanged: not rewritten.
+    assert not any("keep=" in w for w in docs.outputs([page], every=[], fork=False, log=quiet).written)
+
+
+def test_keep_of_a_file_the_commands_did_not_write_is_an_error(docs, tmp_path, monkeypatch):
+    repo = _fake_repository(docs, tmp_path, monkeypatch)
+    page = write(
+        repo, 'intro\n<!-- hs:output cmd="echo hi" keep="nope.png:docs/nope.png" -->\n<!-- hs:end -->\n'
+    )
+    outcome = docs.outputs([page], every=[], check=True, fork=False, log=quiet)
+    assert outcome.errors == ['page.md:2: keep="nope.png:docs/nope.png": the commands wrote no file nope.png']
+    assert not (repo / "docs" / "nope.png").exists()
+
+
+@pytest.mark.parametrize(
+    "keep", ["a.png", "a.png:", ":b.png", "/tmp/a.png:b.png", "a.png:../b.png", "a:b ;; c"]
+)
+def test_keep_takes_relative_from_to_pairs(docs, tmp_path, keep):
+    page = write(tmp_path, f'<!-- hs:output cmd="x" keep="{keep}" -->\n<!-- hs:end -->\n')
+    with pytest.raises(docs.DocsError, match=rf'^{re.escape(docs.display(page))}:1: keep="'):
+        docs.parse(page)
+
+
+# --- headscope info and long paths ----------------------------------------------------------------------------
+
+
+def test_info_prints_a_long_source_path_on_one_line(docs, tmp_path):
+    """`headscope info` leaves absolute paths unfolded, so its block reads the same wherever the files
+    are: here a path far wider than the 100 columns the commands get."""
+    deep = "d" * 120
+    page = write(
+        tmp_path,
+        f'<!-- hs:output cmd="mkdir {deep} &amp;&amp; cp -r tests/toy/model {deep}/ ;; headscope info {deep}/model" -->\n'
+        "<!-- hs:end -->\n",
+    )
+    run = docs.run_block(docs.parse(page).blocks[0])
+    assert not run.errors, run.errors
+    rows = [line.split(None, 1) for line in run.ran[1].output.split("\n") if line.strip()]
+    assert ["source", f"{deep}/model"] in rows
+    assert ["layers", "2"] in rows and all(len(row) == 2 for row in rows)  # no folded continuation lines

@@ -280,7 +280,26 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
             return report.table_csv(pd.DataFrame([flat]), list(flat))
 
         def draw(console: Console) -> None:
-            report.print_info(data, console)
+            # The table at its natural width, each line printed with soft wrapping: Rich would fold
+            # the source row's absolute paths at the console's width, which breaks them for copying
+            # and makes the lines depend on where the files are. A terminal too narrow wraps them.
+            import io
+
+            from rich.text import Text
+
+            wide = Console(
+                file=io.StringIO(),
+                width=10_000,
+                color_system=console.color_system,
+                no_color=console.no_color,
+                highlight=False,
+                legacy_windows=False,
+            )
+            report.print_info(data, wide)
+            for line in wide.file.getvalue().splitlines():
+                text = Text.from_ansi(line)
+                text.rstrip()  # cells are padded to the widest row
+                console.print(text, soft_wrap=True)
             if layout.v_head_dim != layout.head_dim:
                 console.print(f"value head dim: {layout.v_head_dim} (queries and keys: {layout.head_dim})")
 
