@@ -14,6 +14,8 @@ QUICK_WORKERS ?= auto
 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# mkdocs-material prints a banner about MkDocs 2 on every build.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: demo test quick lint docs docs-outputs docs-check clean browser
 
