@@ -8,10 +8,16 @@ import concurrent.futures
 import importlib.util
 import subprocess
 import sys
+import warnings
 
 import pytest
 from conftest import ROOT, in_ci
 from docs_script import load_script
+
+
+class StaleExpensiveOutput(UserWarning):
+    """An expensive output block older than the code that produces it, or never generated."""
+
 
 README_LIMIT = 12 * 1024  # bytes: issue 22 asks for a README of at most 12 KB
 
@@ -45,6 +51,10 @@ def test_cheap_output_blocks_are_current(docs):
     messages: list[str] = []
     outcome = docs.outputs(check=True, log=messages.append)
     problems = outcome.errors + outcome.stale
+    # Expensive blocks measured before the code last changed (or never) are reported, not failed:
+    # they show in pytest's warnings summary until `make docs-outputs` runs.
+    for note in outcome.notes:
+        warnings.warn(note, StaleExpensiveOutput, stacklevel=1)
     assert not problems, (
         "\n\n".join(problems) + "\n\nrun make docs (.venv/bin/python scripts/docs.py outputs)"
     )
