@@ -2,6 +2,46 @@
 
 from __future__ import annotations
 
+# The longest message the CLI prints: a value echoed from a user's file (a field of a million
+# bytes, say) is cut in the middle, so the error stays one short line.
+MAX_MESSAGE = 600
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: line breaks of any kind shown as the escapes a reader would type."""
+    return "".join(_LINE_BREAKS.get(ch, ch) for ch in text) if _has_break(text) else text
+
+
+_LINE_BREAKS = {
+    "\n": "\\n",
+    "\r": "\\r",
+    "\x0b": "\\x0b",
+    "\x0c": "\\x0c",
+    "\x1c": "\\x1c",
+    "\x1d": "\\x1d",
+    "\x1e": "\\x1e",
+    "\x85": "\\x85",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+
+
+def _has_break(text: str) -> bool:
+    return any(ch in text for ch in _LINE_BREAKS)
+
+
+def elide(value: object, limit: int = 80) -> str:
+    """A user's value for a message: one line, at most about ``limit`` characters, middle cut.
+
+    Strings are shown as they are (no quotes added); anything else as its ``repr``.
+    """
+    text = one_line(value if isinstance(value, str) else repr(value))
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 20, 10)
+    head, tail = keep * 2 // 3, keep - keep * 2 // 3
+    return f"{text[:head]}…[{len(text) - head - tail} chars]…{text[-tail:]}"
+
 
 class HeadscopeError(Exception):
     """Base class. ``exit_code`` 2 means bad usage or input; 1 means the run failed."""
@@ -14,7 +54,8 @@ class HeadscopeError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message} ({self.hint})"
+        message = elide(self.message, MAX_MESSAGE)
+        return message if not self.hint else f"{message} ({elide(self.hint, MAX_MESSAGE // 2)})"
 
 
 class ModelNotFoundError(HeadscopeError):

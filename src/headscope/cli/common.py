@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from headscope import files
 from headscope.analyses.protocol import option
-from headscope.errors import HeadscopeError, InputError, NotApplicable
+from headscope.errors import MAX_MESSAGE, HeadscopeError, InputError, NotApplicable, elide
 
 app = typer.Typer(
     name="headscope",
@@ -161,7 +161,7 @@ def handle_errors(debug: bool) -> Iterator[None]:
         if debug:
             traceback.print_exc(file=sys.stderr)
         err.print(
-            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(str(exc))} (rerun with --debug for the traceback)",
+            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(elide(str(exc), MAX_MESSAGE))} (rerun with --debug for the traceback)",
             markup=True,
             soft_wrap=True,
         )

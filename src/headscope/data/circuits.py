@@ -21,8 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headscope.data.prompts import _check_unique, _item_fields, _raw_items, _read_text
-from headscope.errors import PromptSetError
+from headscope.data.prompts import (
+    _check_unique,
+    _item_fields,
+    _raw_items,
+    _read_text,
+    describe_value,
+    split_lines,
+)
+from headscope.errors import PromptSetError, elide
 
 IOI_ITEM_KEYS = {"id", "lang", "template", "text", "io", "s"}
 NEEDLE_ITEM_KEYS = {"id", "lang", "needle", "question", "answer"}
@@ -69,7 +76,11 @@ def occurrences(text: str, name: str) -> list[tuple[int, int]]:
 def _item_where(raw: Any, where: str, index: int, stem: str) -> tuple[str, str]:
     """(item id, ``file:line: item 'id'``) for messages; the default id is ``stem-N``."""
     item_id = str(raw.get("id", f"{stem}-{index + 1}")) if isinstance(raw, dict) else f"{stem}-{index + 1}"
-    return item_id, f"{where}: item '{item_id}'"
+    return item_id, f"{where}: item '{elide(item_id)}'"
+
+
+def _shown(value: Any) -> str:
+    return describe_value(value)
 
 
 def _string(raw: dict[str, Any], key: str, where: str) -> str:
@@ -77,14 +88,14 @@ def _string(raw: dict[str, Any], key: str, where: str) -> str:
         raise PromptSetError(f"{where}: missing '{key}'")
     value = raw[key]
     if not isinstance(value, str) or not value.strip():
-        raise PromptSetError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
+        raise PromptSetError(f"{where}: '{key}' must be a non-empty string, got {_shown(value)}")
     return value
 
 
 def _optional_string(raw: dict[str, Any], key: str, where: str) -> str | None:
     value = raw.get(key)
     if value is not None and not isinstance(value, str):
-        raise PromptSetError(f"{where}: '{key}' must be a string, got {value!r}")
+        raise PromptSetError(f"{where}: '{key}' must be a string, got {_shown(value)}")
     return value
 
 
@@ -123,12 +134,12 @@ def _ioi_item(raw: Any, where: str, index: int, stem: str) -> IOIItem:
     if io.strip() != io or s.strip() != s:
         raise PromptSetError(f"{at}: 'io' and 's' must not start or end with whitespace")
     if io == s:
-        raise PromptSetError(f"{at}: 'io' and 's' are the same name (\"{io}\"); they must differ")
+        raise PromptSetError(f"{at}: 'io' and 's' are the same name (\"{elide(io)}\"); they must differ")
     if not occurrences(text, io):
-        raise PromptSetError(f"{at}: 'io' (\"{io}\") does not occur in 'text'")
+        raise PromptSetError(f"{at}: 'io' (\"{elide(io)}\") does not occur in 'text'")
     if len(occurrences(text, s)) < 2:
         found = len(occurrences(text, s))
-        raise PromptSetError(f"{at}: 's' (\"{s}\") must occur at least twice in 'text', found {found}")
+        raise PromptSetError(f"{at}: 's' (\"{elide(s)}\") must occur at least twice in 'text', found {found}")
     lang = _optional_string(raw, "lang", at)
     template = _optional_string(raw, "template", at)
     return IOIItem(item_id, text, io, s, lang, template, where)
@@ -182,20 +193,19 @@ def _needle_item(raw: Any, where: str, index: int, stem: str) -> NeedleItem:
     raw = _item_fields(raw, at if isinstance(raw, dict) else where, index, NEEDLE_ITEM_KEYS, "a mapping")
     needle = _string(raw, "needle", at)
     question = _string(raw, "question", at)
-    answer = raw.get("answer")
-    if isinstance(answer, int) and not isinstance(answer, bool):
-        raise PromptSetError(f"{at}: 'answer' must be a string; quote it (answer: \"{answer}\")")
     answer = _string(raw, "answer", at)
     start = needle.find(answer)
     if start < 0:
-        raise PromptSetError(f"{at}: 'answer' ({answer!r}) does not occur in 'needle'")
+        raise PromptSetError(f"{at}: 'answer' ({elide(repr(answer))}) does not occur in 'needle'")
     if start == 0:
         raise PromptSetError(
-            f"{at}: 'answer' ({answer!r}) starts the needle; the needle must lead up to it "
+            f"{at}: 'answer' ({elide(repr(answer))}) starts the needle; the needle must lead up to it "
             "(e.g. 'The code of the door is 123456.')"
         )
     if answer in question:
-        raise PromptSetError(f"{at}: 'answer' ({answer!r}) occurs in 'question', which gives it away")
+        raise PromptSetError(
+            f"{at}: 'answer' ({elide(repr(answer))}) occurs in 'question', which gives it away"
+        )
     lang = _optional_string(raw, "lang", at)
     return NeedleItem(item_id, needle, question, answer, lang, where)
 
@@ -227,7 +237,7 @@ def load_haystack(path: str | Path) -> list[str]:
         sentences = split_sentences(text)
     else:
         sentences = [
-            m.group(1) for line in text.splitlines() if (m := _CONLLU_TEXT.match(line)) and m.group(1)
+            m.group(1) for line in split_lines(text) if (m := _CONLLU_TEXT.match(line)) and m.group(1)
         ]
     if len(sentences) < MIN_HAYSTACK_SENTENCES:
         raise PromptSetError(

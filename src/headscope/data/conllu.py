@@ -242,12 +242,12 @@ def _parse_sentence(path: Path, first_line: int, block: list[tuple[int, str]]) -
 
 def read_conllu(path: str | Path, *, skip_bad: bool = False, limit: int | None = None) -> Treebank:
     """Read a CoNLL-U file. Raises TreebankError on the first problem unless ``skip_bad``."""
-    from headscope.data.prompts import _read_text
+    from headscope.data.prompts import _read_text, split_lines
 
     path = Path(path)
     text = _read_text(path)  # missing, directory, binary, encoding and empty-file errors
     treebank = Treebank(str(path), [])
-    for first_line, block in _blocks(text.splitlines()):
+    for first_line, block in _blocks(split_lines(text)):
         try:
             sentence = _parse_sentence(path, first_line, block)
         except TreebankError as exc:

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from headscope.data.prompts import _LineLoader, _read_text, display_path
-from headscope.errors import PromptSetError
+from headscope.data.prompts import _LineLoader, _read_text, describe_value, display_path
+from headscope.errors import PromptSetError, elide
 
 SET_KEYS = {"name", "description", "lang", "tasks"}
 TASK_KEYS = {"name", "members"}
@@ -127,20 +127,7 @@ def _check_keys(raw: dict[str, Any], allowed: set[str], shown: str, what: str) -
         )
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"{value} (YAML reads yes/no/on/off/true/false as booleans; quote it)"
-    if isinstance(value, (int, float)):
-        return f"{value!r} (a number; quote it, e.g. '{value}')"
-    if value is None:
-        return "nothing (an empty entry)"
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
+_describe = describe_value
 
 
 def _members(raw: dict[str, Any], name: str, shown: str, where: str) -> tuple[str, ...]:
@@ -168,12 +155,12 @@ def _members(raw: dict[str, Any], name: str, shown: str, where: str) -> tuple[st
             raise PromptSetError(f"{at}: member {index + 1} is empty", hint="remove it or fill it in")
         if member != member.strip():
             raise PromptSetError(
-                f"{at}: member {index + 1} ({member!r}) starts or ends with whitespace",
+                f"{at}: member {index + 1} ({elide(repr(member))}) starts or ends with whitespace",
                 hint="remove it; the spaced form adds the leading space itself",
             )
         if member in first_seen:
             raise PromptSetError(
-                f"{at}: member {index + 1} ({member!r}) repeats member {first_seen[member] + 1}",
+                f"{at}: member {index + 1} ({elide(repr(member))}) repeats member {first_seen[member] + 1}",
                 hint="each member must occur once, or its successor is ambiguous",
             )
         first_seen[member] = index
@@ -205,10 +192,10 @@ def _task(raw: Any, index: int, shown: str, line: int, seen: dict[str, str]) -> 
     name = name.strip()
     if name in seen:
         raise PromptSetError(
-            f"{where}: duplicate task name '{name}' (first at {seen[name]})", hint="rename one of them"
+            f"{where}: duplicate task name '{elide(name)}' (first at {seen[name]})", hint="rename one of them"
         )
     seen[name] = where
-    return OrdinalTask(name, _members(raw, name, shown, where), where)
+    return OrdinalTask(name, _members(raw, elide(name), shown, where), where)
 
 
 def guess_lang(tasks: list[OrdinalTask]) -> str:

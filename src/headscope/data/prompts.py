@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from headscope.errors import PromptSetError
+from headscope.errors import PromptSetError, elide
 
 TEXT_ITEM_KEYS = {"id", "lang", "text"}
 
@@ -70,13 +70,77 @@ def display_path(path: str | Path) -> str:
         return str(path)
 
 
+class _YamlInt(int):
+    """An int read from YAML that keeps its source text: ``010`` reads as 8 (octal), ``0755`` as 493."""
+
+    text: str
+
+
+class _YamlFloat(float):
+    """A float read from YAML that keeps its source text (``1.50``, ``.5``, ``1e3``)."""
+
+    text: str
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records the 1-based line of every mapping under the key ``__line__``."""
+    """SafeLoader that records the 1-based line of every mapping under the key ``__line__``, and
+    keeps the source text of numbers so that a message can quote what the user wrote."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=deep)
         mapping["__line__"] = node.start_mark.line + 1
         return mapping
+
+    def _construct_int(self, node: yaml.ScalarNode) -> int:
+        number = _YamlInt(self.construct_yaml_int(node))
+        number.text = str(node.value)
+        return number
+
+    def _construct_float(self, node: yaml.ScalarNode) -> float:
+        number = _YamlFloat(self.construct_yaml_float(node))
+        number.text = str(node.value)
+        return number
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _LineLoader._construct_int)  # type: ignore[arg-type]
+_LineLoader.add_constructor("tag:yaml.org,2002:float", _LineLoader._construct_float)  # type: ignore[arg-type]
+
+
+def describe_value(value: Any) -> str:
+    """A value from a data file, for a message that says what was found instead of a string.
+
+    YAML reads unquoted numbers, and ``yes``/``no``/``on``/``off``, as numbers and booleans; a
+    leading zero even makes a number octal (``010`` is 8). The message quotes the text as written.
+    """
+    if isinstance(value, bool):
+        return f"{value} (YAML reads yes/no/on/off/true/false as booleans; quote it)"
+    if isinstance(value, (int, float)):
+        text = elide(getattr(value, "text", str(value)), 40)
+        shown = (
+            f"the number {value!r}"
+            if text == repr(value)
+            else f"{text}, which YAML read as the number {value!r}"
+        )
+        return f'{shown} (quote it: "{text}")'
+    if value is None:
+        return "nothing (an empty entry)"
+    if isinstance(value, str):
+        return elide(repr(value))
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as a text editor numbers them: split at "\n" (a "\r" before it dropped) and nowhere
+    else. ``str.splitlines`` also splits at U+2028/2029, \x0b, \x0c, \x1c-\x1e and \x85, which
+    are valid inside a JSON string and would shift every later line number."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _read_text(path: Path) -> str:
@@ -107,7 +171,7 @@ def _item_fields(raw: Any, where: str, index: int, allowed: set[str], shape: str
     unknown = set(raw) - allowed
     if unknown:
         raise PromptSetError(
-            f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}",
+            f"{where}: unknown key(s) {elide(', '.join(sorted(map(str, unknown))))}",
             hint=f"allowed: {', '.join(sorted(allowed))}",
         )
     return raw
@@ -117,10 +181,10 @@ def _text_item(raw: Any, where: str, index: int, stem: str) -> TextItem:
     raw = _item_fields(raw, where, index, TEXT_ITEM_KEYS, "a mapping with a 'text' key")
     text = raw.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise PromptSetError(f"{where}: 'text' must be a non-empty string")
+        raise PromptSetError(f"{where}: 'text' must be a non-empty string, got {describe_value(text)}")
     lang = raw.get("lang")
     if lang is not None and not isinstance(lang, str):
-        raise PromptSetError(f"{where}: 'lang' must be a string")
+        raise PromptSetError(f"{where}: 'lang' must be a string, got {describe_value(lang)}")
     item_id = raw.get("id", f"{stem}-{index + 1}")
     return TextItem(str(item_id), text, lang, where)
 
@@ -129,7 +193,7 @@ def _check_unique(items: list[TextItem]) -> None:
     seen: dict[str, str] = {}
     for item in items:
         if item.id in seen:
-            raise PromptSetError(f"{item.source}: duplicate id '{item.id}' (first at {seen[item.id]})")
+            raise PromptSetError(f"{item.source}: duplicate id '{elide(item.id)}' (first at {seen[item.id]})")
         seen[item.id] = item.source
 
 
@@ -155,7 +219,7 @@ def _raw_items(path: Path, text: str) -> tuple[list[tuple[str, Any]], dict[str, 
         return list(zip(where, data["items"], strict=True)), header
     if suffix == ".jsonl":
         items = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        for lineno, line in enumerate(split_lines(text), start=1):
             if not line.strip():
                 continue
             try:
@@ -176,7 +240,7 @@ def load_texts(path: str | Path) -> PromptSet:
     if path.suffix.lower() in {".txt", ""}:
         items = [
             TextItem(f"{stem}-{lineno}", line.strip(), None, f"{path}:{lineno}")
-            for lineno, line in enumerate(text.splitlines(), start=1)
+            for lineno, line in enumerate(split_lines(text), start=1)
             if line.strip()
         ]
         result = PromptSet(stem, items, str(path))
@@ -226,7 +290,7 @@ def _span(value: Any, what: str, where: str, text: str) -> Span:
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         raise PromptSetError(
-            f"{where}: {what} must be a [start, end) pair of character offsets, got {value!r}"
+            f"{where}: {what} must be a [start, end) pair of character offsets, got {elide(value)}"
         )
     start, end = value
     if not 0 <= start < end <= len(text):
@@ -255,7 +319,7 @@ def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
     antecedent = raw["antecedent"]
     if not isinstance(antecedent, int) or isinstance(antecedent, bool) or not 0 <= antecedent < len(spans):
         raise PromptSetError(
-            f"{where}: 'antecedent' must be an index into 'candidates' (0..{len(spans) - 1}), got {antecedent!r}"
+            f"{where}: 'antecedent' must be an index into 'candidates' (0..{len(spans) - 1}), got {elide(antecedent)}"
         )
     lang = raw.get("lang")
     return CorefItem(str(raw.get("id", f"{stem}-{index + 1}")), text, pronoun, spans, antecedent, lang, where)
