@@ -40,6 +40,16 @@ NEEDLE_BAD = (
     "  question: What is the code of the red door?\n"
     "  answer: '654321'\n"
 )
+NEEDLE_OCTAL = "items:\n- id: n1\n  needle: The code is 010.\n  question: What is the code?\n  answer: 010\n"
+# A raw U+2028 inside a JSON string is valid JSONL: the bad item is still on line 2.
+NEEDLES_SEPARATOR = (
+    '{"id": "a", "needle": "The code\u2028 of the door is 123.", "question": "Code?", "answer": "123"}\n'
+    '{"id": "b", "needle": "The code of the gate is 456.", "question": "Code?", "answer": "999"}\n'
+)
+NEEDLE_HUGE = (
+    '{"id": "h", "needle": "The code is 1.", "question": "Code?", "answer": "' + "9" * 1_000_000 + '"}\n'
+)
+TASKS_NAMED = "name: days\ntasks:\n  - name: t\n    members: {members}\n"
 IOI_MISSING = (
     '{"id": "a", "text": "When Mary and John went out, John gave a book to", "io": "Mary", "s": "John"}\n'
     '{"id": "b", "text": "When Annabel and John went out, John gave a book to", "io": "Anna", "s": "John"}\n'
@@ -197,6 +207,26 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
             ["show", TOY, "--text", "t1 t2", "--png", d / "exists.csv"],
             "exists.csv: file exists",
         ),
+        "output-parent-is-a-file": (
+            ["info", TOY, "-o", d / "exists.csv" / "info.txt"],
+            "exists.csv is a file, not a folder",
+        ),
+        "output-name-too-long": (
+            ["info", TOY, "--format", "json", "-o", d / ("n" * 300 + ".json")],
+            "file name too long for the file system",
+        ),
+        "csv-name-too-long": (
+            ["induction", TOY, "--csv", d / ("c" * 300 + ".csv")],
+            "--csv",
+        ),
+        "png-name-too-long": (
+            ["show", TOY, "--text", "t1 t2", "--png", d / ("p" * 300 + ".png")],
+            "file name too long",
+        ),
+        "folder-name-too-long": (
+            ["induction", TOY, "--csv", d / ("f" * 300) / "x.csv"],
+            "file name too long",
+        ),
         # circuit analyses: needles, IOI prompts, placement options, encoders
         "needle-answer-not-in-needle": (
             ["retrieval", TOY, "--data", write(d / "needles.yaml", NEEDLE_BAD)],
@@ -213,6 +243,50 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         "context-beyond-model": (
             ["retrieval", TOY, "--context", "1000"],
             "--context 1000 is longer than the model's context of 128 tokens",
+        ),
+        "context-repeated": (
+            ["retrieval", TOY, "--context", "100,200,100"],
+            "--context 100,200,100: 100 is given twice",
+        ),
+        "depths-repeated": (
+            ["retrieval", TOY, "--depths", "0,0.5,1,.5"],
+            "--depths 0,0.5,1,.5: .5 (= 0.5) is given twice",
+        ),
+        "context-empty": (["retrieval", TOY, "--context", ","], "--context ,: the list is empty"),
+        "needle-answer-octal": (
+            ["retrieval", TOY, "--data", write(d / "octal.yaml", NEEDLE_OCTAL)],
+            "octal.yaml:2: item 'n1': 'answer' must be a non-empty string, got 010, which YAML read as "
+            'the number 8 (quote it: "010")',
+        ),
+        "needle-jsonl-line-separator": (
+            ["retrieval", TOY, "--data", write(d / "sep.jsonl", NEEDLES_SEPARATOR)],
+            "sep.jsonl:2: item 'b': 'answer' ('999') does not occur in 'needle'",
+        ),
+        "needle-huge-field": (
+            ["retrieval", TOY, "--data", write(d / "huge.jsonl", NEEDLE_HUGE)],
+            "huge.jsonl:1: item 'h': 'answer' ('",
+        ),
+        # data files are read and checked before any model loads: the model here does not exist
+        "needles-before-the-model": (
+            ["retrieval", d / "no-such-model", "--data", d / "needles.yaml"],
+            "needles.yaml:2: item 'n1'",
+        ),
+        "ioi-before-the-model": (
+            ["ioi", d / "no-such-model", "--data", d / "ioi-once.yaml"],
+            "ioi-once.yaml:2: item 'once'",
+        ),
+        "tasks-before-the-model": (
+            ["weights", d / "no-such-model", "--tasks", d / "tasks-short.yaml"],
+            "tasks-short.yaml:3",
+        ),
+        "treebank-before-the-model": (
+            ["syntax", d / "no-such-model", "--treebank", d / "cols.conllu"],
+            "cols.conllu:1: expected 10 tab-separated columns",
+        ),
+        "text-before-the-model": (["scan", d / "no-such-model", "--text", d / "bad.yaml"], "bad.yaml:3"),
+        "depths-before-the-model": (
+            ["retrieval", d / "no-such-model", "--depths", "1,1"],
+            "--depths 1,1: 1 is given twice",
         ),
         "depths-outside-0-1": (
             ["retrieval", TOY, "--depths", "0,0.5,1.5"],
@@ -276,6 +350,33 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
             ],
             "tasks-short.yaml:3",
         ),
+        "weights-tasks-same-name": (
+            [
+                "weights",
+                TOY,
+                "--tasks",
+                write(d / "days-a.yaml", TASKS_NAMED.format(members="[Mon, Tue, Wed]")),
+                "--tasks",
+                write(d / "days-b.yaml", TASKS_NAMED.format(members="[Jan, Feb, Mar]")),
+            ],
+            "days-a.yaml and " + str(d / "days-b.yaml") + " both name their task set 'days'",
+        ),
+        "weights-tasks-same-file": (
+            ["weights", TOY, "--tasks", d / "days-a.yaml", "--tasks", d / "days-a.yaml"],
+            "days-a.yaml is given twice",
+        ),
+        "weights-task-name-repeated": (
+            [
+                "weights",
+                TOY,
+                "--tasks",
+                write(
+                    d / "tasks-twice.yaml",
+                    "tasks:\n  - name: d\n    members: [a, b, c]\n  - name: d\n    members: [x, y, z]\n",
+                ),
+            ],
+            "tasks-twice.yaml:4: duplicate task name 'd' (first at",
+        ),
     }
 
 
@@ -323,11 +424,28 @@ CASE_IDS = [
     "output-missing-folder",
     "output-exists",
     "png-exists",
+    "output-parent-is-a-file",
+    "output-name-too-long",
+    "csv-name-too-long",
+    "png-name-too-long",
+    "folder-name-too-long",
     "needle-answer-not-in-needle",
     "ioi-name-missing",
     "ioi-s-not-repeated",
     "context-beyond-model",
     "depths-outside-0-1",
+    "context-repeated",
+    "depths-repeated",
+    "context-empty",
+    "needle-answer-octal",
+    "needle-jsonl-line-separator",
+    "needle-huge-field",
+    "needles-before-the-model",
+    "ioi-before-the-model",
+    "tasks-before-the-model",
+    "treebank-before-the-model",
+    "text-before-the-model",
+    "depths-before-the-model",
     "retrieval-on-an-encoder",
     "ioi-on-an-encoder",
     "report-not-headscopes",
@@ -341,6 +459,9 @@ CASE_IDS = [
     "weights-tasks-empty",
     "weights-tasks-malformed",
     "weights-task-too-short",
+    "weights-tasks-same-name",
+    "weights-tasks-same-file",
+    "weights-task-name-repeated",
 ]
 
 
@@ -358,6 +479,9 @@ def test_bad_input_gives_one_clear_line(case, cases, tmp_path, monkeypatch):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     assert needle in result.stderr.replace("\n", " "), result.stderr
+    assert len(result.stderr) < 2000, len(result.stderr)  # one short line, even for a huge value
+    if case.endswith("-before-the-model"):
+        assert "no-such-model" not in result.stderr  # the data error came first
     if case == "output-exists":
         assert (Path(args[-1])).read_text() == "keep me\n"  # untouched
 

@@ -622,10 +622,14 @@ class Weights(Analysis):
 
         check_common(options)
         check_options(options.tokens, options.k, options.embedding)
+        from headscope.weightroles.tasks import check_distinct_sets
+
         tasks = options.tasks
         if isinstance(tasks, str | Path):
             tasks = [tasks]
-        return load_task_sets(tasks)
+        task_sets = load_task_sets(tasks)
+        check_distinct_sets(task_sets)
+        return task_sets
 
     def run(self, loaded: Any, options: WeightsOptions, prepared: Any, progress: Any) -> Outcome:
         from .weights import weights

@@ -28,7 +28,7 @@ from headscope import capture
 from headscope.data.circuits import NeedleItem, RetrievalSet
 from headscope.data.prompts import display_path
 from headscope.detectors.circuits import RetrievalDetector
-from headscope.errors import InputError
+from headscope.errors import InputError, elide
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
@@ -45,23 +45,49 @@ TEMPLATES = {
 }
 
 
+def _parts(option: str, text: str, example: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise InputError(f"{option} {elide(text)}: the list is empty", hint=f"give e.g. {option} {example}")
+    return parts
+
+
+def _refuse_repeats(option: str, text: str, parts: list[str], values: Sequence[float]) -> None:
+    """A repeated value would score the same prompts twice and narrow the intervals: refused."""
+    first: dict[float, str] = {}
+    for part, value in zip(parts, values, strict=True):
+        if value in first:
+            again = part if part == first[value] else f"{part} (= {first[value]})"
+            raise InputError(
+                f"{option} {elide(text)}: {elide(again)} is given twice",
+                hint="each value once; a repeat would count the same prompts twice",
+            )
+        first[value] = part
+
+
 def parse_contexts(text: str) -> tuple[int, ...]:
+    parts = _parts("--context", text, "1000,2000")
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(part) for part in parts)
     except ValueError:
-        raise InputError(f"--context {text}: expected token counts such as 1000 or 1000,2000") from None
-    if not values or any(v < 64 for v in values):
-        raise InputError(f"--context {text}: each context must be at least 64 tokens")
+        raise InputError(
+            f"--context {elide(text)}: expected token counts such as 1000 or 1000,2000"
+        ) from None
+    if any(v < 64 for v in values):
+        raise InputError(f"--context {elide(text)}: each context must be at least 64 tokens")
+    _refuse_repeats("--context", text, parts, values)
     return values
 
 
 def parse_depths(text: str) -> tuple[float, ...]:
+    parts = _parts("--depths", text, "0,0.25,0.5,0.75,1")
     try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
+        values = tuple(float(part) for part in parts)
     except ValueError:
-        raise InputError(f"--depths {text}: expected fractions such as 0,0.25,0.5,0.75,1") from None
-    if not values or any(not 0.0 <= v <= 1.0 for v in values):
-        raise InputError(f"--depths {text}: every depth must lie between 0 and 1 (0 = start, 1 = end)")
+        raise InputError(f"--depths {elide(text)}: expected fractions such as 0,0.25,0.5,0.75,1") from None
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise InputError(f"--depths {elide(text)}: every depth must lie between 0 and 1 (0 = start, 1 = end)")
+    _refuse_repeats("--depths", text, parts, values)
     return values
 
 

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from headscope.data.ordinal import OrdinalSet, OrdinalTask
+from headscope.data.prompts import display_path
+from headscope.errors import InputError, elide
 
 Form = Literal["spaced", "bare"]
 FORMS: tuple[Form, ...] = ("spaced", "bare")
@@ -96,6 +99,24 @@ def resolve_task(task: OrdinalTask, tokenizer: Any, lang: str = "en") -> Resolve
 
     form = other if count(other) > count(preferred) else preferred
     return ResolvedTask(task.name, form, task.members, by_form[form])
+
+
+def check_distinct_sets(task_sets: Sequence[OrdinalSet]) -> None:
+    """Refuse two task sets with the same name: results are labelled by set name, so one set's
+    scores would be shown under the other's label (and one of them dropped)."""
+    first: dict[str, OrdinalSet] = {}
+    for task_set in task_sets:
+        earlier = first.get(task_set.name)
+        if earlier is None:
+            first[task_set.name] = task_set
+            continue
+        here, there = display_path(task_set.path), display_path(earlier.path)
+        if Path(task_set.path).resolve() == Path(earlier.path).resolve():
+            raise InputError(f"--tasks {elide(here, 200)} is given twice", hint="give each file once")
+        raise InputError(
+            f"--tasks {elide(there, 200)} and {elide(here, 200)} both name their task set '{elide(task_set.name)}'",
+            hint="give each file its own 'name:'; results are labelled by it",
+        )
 
 
 def resolve_tasks(tasks: OrdinalSet, tokenizer: Any) -> list[ResolvedTask]:
