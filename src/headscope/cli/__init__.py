@@ -16,7 +16,7 @@ import typer
 from headscope import __version__
 
 from . import analyses, tools  # noqa: F401  (registers the commands)
-from .common import app, out
+from .common import BROKEN_PIPE_EXIT, app, out, quiet_broken_pipe
 
 
 def _version(value: bool) -> None:
@@ -39,7 +39,11 @@ def main() -> None:
     if "--debug" not in sys.argv:
         # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
         os.environ.setdefault("TQDM_DISABLE", "1")
-    app()
+    try:
+        app()
+    except BrokenPipeError:
+        quiet_broken_pipe()
+        sys.exit(BROKEN_PIPE_EXIT)
 
 
 if __name__ == "__main__":

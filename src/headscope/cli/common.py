@@ -33,10 +33,34 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# The reader of our stdout went away (``headscope … | head -1``): every command ends quietly, with
+# nothing on stderr, and the status a shell gives a process killed by SIGPIPE (128 + 13), as cat,
+# grep and ls do, so a pipeline under ``set -o pipefail`` still sees that the output was cut.
+BROKEN_PIPE_EXIT = 141
+
+
+def quiet_broken_pipe() -> None:
+    """Point stdout at devnull: Python's flush at exit would otherwise fail again and print
+    "Exception ignored ... BrokenPipeError" on stderr."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class _Stdout(Console):
+    """Rich's console for data: a broken pipe ends the program with ``BROKEN_PIPE_EXIT``, not 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        quiet_broken_pipe()
+        raise SystemExit(BROKEN_PIPE_EXIT)
+
+
 # NO_COLOR (https://no-color.org) means plain text: no colours, no bold, no live progress bars.
 # Without a terminal Rich already prints plain text.
 PLAIN = bool(os.environ.get("NO_COLOR"))
-out = Console(highlight=False, color_system=None if PLAIN else "auto")
+out = _Stdout(highlight=False, color_system=None if PLAIN else "auto")
 err = Console(stderr=True, highlight=False, color_system=None if PLAIN else "auto")
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -157,6 +181,9 @@ def handle_errors(debug: bool) -> Iterator[None]:
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
+    except BrokenPipeError:  # the reader of stdout went away (| head -1): end quietly
+        quiet_broken_pipe()
+        raise typer.Exit(BROKEN_PIPE_EXIT) from None
     except Exception as exc:  # an unexpected failure: one line, the traceback only with --debug
         if debug:
             traceback.print_exc(file=sys.stderr)
