@@ -16,7 +16,9 @@ from transformers import AutoTokenizer
 
 from headscope.analyses.show import word_spans
 from headscope.data.align import AlignmentError, encode_with_spans
+from headscope.data.circuits import load_ioi, load_retrieval
 from headscope.data.conllu import read_conllu
+from headscope.data.ordinal import load_ordinal
 from headscope.data.prompts import load_coref, load_texts
 from headscope.errors import HeadscopeError
 from headscope.models import bundled_path
@@ -82,12 +84,132 @@ def test_text_sets_round_trip_any_unicode(texts, suffix):
     loaded = parses_or_clean_error(load_texts, file_with(suffix, data))
     if loaded is not None:
         assert [item.text for item in loaded.items] == expected
+    elif suffix == ".jsonl":
+        # JSONL lines end at "\n" only: U+2028, \x85 and the like inside a string are text.
+        assert any(not t.strip() for t in texts) or len(set(texts)) < len(texts)
     else:
         assert (
             any(not t.strip() for t in texts)
             or len(set(texts)) < len(texts)
             or any("\r" in t or "\x85" in t or "\u2028" in t or "\u2029" in t for t in texts)
         )
+
+
+# --- documents of the wrong shape: needle sets, IOI sets, ordinal task sets --------------------
+
+SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | ANY_TEXT
+    | HARD_TEXT
+)
+ANY_VALUE = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+# Unquoted YAML scalars that read as something other than text: octal, hex, booleans, null.
+YAML_TRAPS = st.sampled_from(
+    ["010", "0755", "0x1F", "1e3", "1.50", "yes", "off", "~", "", "[a, b]", "{a: 1}", "'x'"]
+)
+
+
+def item_of(keys: list[str]):
+    """A mapping with some of the schema's keys (random values) and maybe a stray key."""
+    return st.fixed_dictionaries({}, optional={key: ANY_VALUE | HARD_TEXT for key in [*keys, "extra"]})
+
+
+def document(keys: list[str]):
+    items = st.lists(item_of(keys) | ANY_VALUE, max_size=4)
+    return (
+        ANY_VALUE
+        | st.fixed_dictionaries({"items": items | ANY_VALUE}, optional={"name": ANY_VALUE})
+        | st.fixed_dictionaries({"items": items})
+    )
+
+
+def dumped(doc, suffix: str) -> bytes:
+    if suffix == ".yaml":
+        return yaml.safe_dump(doc, allow_unicode=True).encode()
+    rows = doc.get("items") if isinstance(doc, dict) else doc
+    rows = rows if isinstance(rows, list) else [rows]
+    return "\n".join(json.dumps(row, ensure_ascii=False) for row in rows).encode()
+
+
+def yaml_with_traps(keys: list[str], values: list[str]) -> bytes:
+    lines = ["items:"]
+    for index, value in enumerate(values):
+        key = keys[index % len(keys)]
+        lines.append(("- " if index % len(keys) == 0 else "  ") + f"{key}: {value}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+NEEDLE_KEYS = ["id", "lang", "needle", "question", "answer"]
+IOI_KEYS = ["id", "lang", "template", "text", "io", "s"]
+
+
+@FUZZ
+@given(document(NEEDLE_KEYS), st.sampled_from([".yaml", ".jsonl"]))
+def test_needle_sets_of_the_wrong_shape(doc, suffix):
+    loaded = parses_or_clean_error(load_retrieval, file_with(suffix, dumped(doc, suffix)))
+    if loaded is not None:
+        for item in loaded.items:
+            assert item.answer_span[0] > 0 and item.answer not in item.question
+
+
+@FUZZ
+@given(document(IOI_KEYS), st.sampled_from([".yaml", ".jsonl"]))
+def test_ioi_sets_of_the_wrong_shape(doc, suffix):
+    loaded = parses_or_clean_error(load_ioi, file_with(suffix, dumped(doc, suffix)))
+    if loaded is not None:
+        for item in loaded.items:
+            assert item.io != item.s and item.io in item.text and item.text.count(item.s) >= 2
+
+
+@FUZZ
+@given(st.lists(YAML_TRAPS | HARD_TEXT.map(json.dumps), min_size=1, max_size=10), st.booleans())
+def test_needle_and_ioi_yaml_scalars_that_are_not_text(values, needles):
+    keys, load = (NEEDLE_KEYS[2:], load_retrieval) if needles else (IOI_KEYS[3:], load_ioi)
+    loaded = parses_or_clean_error(load, file_with(".yaml", yaml_with_traps(keys, values)))
+    if loaded is not None:
+        assert all(isinstance(getattr(item, keys[0]), str) for item in loaded.items)
+
+
+ORDINAL_TASK = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": ANY_VALUE | HARD_TEXT,
+        "members": st.lists(HARD_TEXT | SCALAR, max_size=6) | ANY_VALUE,
+        "extra": ANY_VALUE,
+    },
+)
+
+
+@FUZZ
+@given(
+    ANY_VALUE
+    | st.fixed_dictionaries(
+        {"tasks": st.lists(ORDINAL_TASK | ANY_VALUE, max_size=4) | ANY_VALUE},
+        optional={"name": ANY_VALUE, "lang": ANY_VALUE, "description": ANY_VALUE},
+    )
+)
+def test_ordinal_sets_of_the_wrong_shape(doc):
+    loaded = parses_or_clean_error(load_ordinal, file_with(".yaml", dumped(doc, ".yaml")))
+    if loaded is not None:
+        assert loaded.tasks and len({task.name for task in loaded.tasks}) == len(loaded.tasks)
+        for task in loaded.tasks:
+            assert len(task.members) >= 3 and all(isinstance(m, str) and m.strip() for m in task.members)
+
+
+@FUZZ
+@given(st.lists(YAML_TRAPS | HARD_TEXT.map(json.dumps), min_size=1, max_size=8))
+def test_ordinal_members_that_are_not_text(members):
+    text = "tasks:\n  - name: t\n    members:\n" + "".join(f"      - {m}\n" for m in members)
+    loaded = parses_or_clean_error(load_ordinal, file_with(".yaml", text.encode()))
+    if loaded is not None:
+        assert all(isinstance(m, str) for m in loaded.tasks[0].members)
 
 
 SPAN = (
