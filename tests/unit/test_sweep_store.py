@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from headscope.errors import InputError
+from headscope.sweeps.results import load_sweep_run
+from headscope.sweeps.run import check_resources, prepare_folder
 from headscope.sweeps.specs import expand, fingerprint
-from headscope.sweeps.store import LOCK, Store, locked
+from headscope.sweeps.store import LOCK, MANIFEST, Store, locked
 
 TOY = Path(__file__).resolve().parents[1] / "toy" / "model"
 
@@ -104,3 +108,189 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path):
     with locked(tmp_path):
         assert (tmp_path / LOCK).read_text().startswith(str(os.getpid()))
     assert not (tmp_path / LOCK).exists()
+
+
+# --- hostile stores (issue 23): each refusal is one InputError line naming the file and the cure -----
+
+
+def _age(path: Path, seconds: float) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old))
+
+
+def test_a_lock_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / LOCK).mkdir()
+    with pytest.raises(InputError, match=r"\.lock is a folder, not a lock file") as caught, locked(tmp_path):
+        pass
+    assert "remove that folder" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "what"), [("", "is empty"), ("garbage", "names no process"), ("-5 h", "no process")]
+)
+def test_an_old_lock_that_names_no_process_is_stale_and_taken_over_with_a_note(tmp_path, text, what):
+    (tmp_path / LOCK).write_text(text)
+    _age(tmp_path / LOCK, 60)
+    notes: list[str] = []
+    with locked(tmp_path, notes.append):
+        assert (tmp_path / LOCK).read_text().startswith(str(os.getpid()))
+    assert len(notes) == 1 and "took over the stale lock" in notes[0] and what in notes[0]
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_a_young_empty_lock_may_be_a_sweep_starting_and_is_refused(tmp_path):
+    (tmp_path / LOCK).write_text("")
+    with pytest.raises(InputError, match="another sweep is starting there") as caught, locked(tmp_path):
+        pass
+    assert "held by process )" not in str(caught.value)
+    assert (tmp_path / LOCK).exists()
+
+
+def test_a_dead_process_lock_is_taken_over_with_a_note(tmp_path):
+    import socket
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / LOCK).write_text(f"{gone.pid} {socket.gethostname()}")
+    notes: list[str] = []
+    with locked(tmp_path, notes.append):
+        pass
+    assert notes == [f"--out {tmp_path}: took over the stale lock of process {gone.pid}, which is gone"]
+
+
+def test_a_live_lock_on_another_host_names_the_host(tmp_path):
+    (tmp_path / LOCK).write_text("1 some-other-host")
+    with pytest.raises(InputError, match="held by process 1 on 'some-other-host'"), locked(tmp_path):
+        pass
+
+
+def test_an_unreadable_lock_is_refused(tmp_path, monkeypatch):
+    (tmp_path / LOCK).write_text("123 h")
+    real = Path.read_text
+
+    def denied(self, *args, **kwargs):
+        if self.name == LOCK:
+            raise PermissionError(13, "Permission denied")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(InputError, match=r"cannot be read \(Permission denied\)"), locked(tmp_path):
+        pass
+
+
+def _store_with_one_run(folder: Path) -> Store:
+    store = Store(folder)
+    store.open()
+    entry = {"analysis": "induction", "label": "toy", "options": {"seed": 0}, "fingerprint": "f"}
+    store.record("toy-1__induction", entry, {"rows": [{"layer": 0, "head": 0}], "layers": 1, "heads": 1})
+    return store
+
+
+def test_manifests_carry_a_schema_version_and_old_ones_read_as_version_1(tmp_path):
+    _store_with_one_run(tmp_path)
+    data = json.loads((tmp_path / MANIFEST).read_text())
+    assert data["schema"] == "headscope-sweep/1"
+    del data["schema"]
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
+    reopened = Store(tmp_path)
+    reopened.open()
+    assert reopened.is_done("toy-1__induction", {"seed": 0}, "f") == (True, "")
+    assert reopened.notes == []
+
+
+def test_unknown_keys_are_read_with_a_note(tmp_path):
+    _store_with_one_run(tmp_path)
+    data = json.loads((tmp_path / MANIFEST).read_text())
+    data["future"] = 1
+    data["runs"]["toy-1__induction"]["colour"] = "red"
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
+    reopened = Store(tmp_path)
+    reopened.open()
+    assert reopened.is_done("toy-1__induction", {"seed": 0}, "f") == (True, "")
+    assert len(reopened.notes) == 1
+    assert "unknown keys ignored: future, runs.toy-1__induction.colour" in reopened.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"runs": {"a": ', r"manifest.json:1: not valid JSON .*; truncated\?"),
+        ("", r"manifest.json:1: not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8 text"),
+        ('{"schema": "headscope-sweep/2", "runs": {}}', "is newer than this headscope reads"),
+        ("[" * 100000, "nested too deeply|not valid JSON"),
+    ],
+)
+def test_a_broken_manifest_is_refused_not_silently_discarded(tmp_path, text, message):
+    path = tmp_path / MANIFEST
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(InputError, match=message) as caught:
+        Store(tmp_path).open()
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+    assert path.read_bytes() == (text if isinstance(text, bytes) else text.encode())  # left for the user
+
+
+def test_a_manifest_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / MANIFEST).mkdir()
+    with pytest.raises(InputError, match="is a folder, not a sweep manifest"):
+        Store(tmp_path).open()
+
+
+def test_runs_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(InputError, match="cannot prepare"):
+        Store(tmp_path).open()
+
+
+def test_a_missing_result_file_is_called_missing(tmp_path):
+    store = _store_with_one_run(tmp_path)
+    store.file_of("toy-1__induction").unlink()
+    assert store.is_done("toy-1__induction", {"seed": 0}, "f") == (False, "result file missing")
+    with pytest.raises(InputError, match=r"runs/toy-1__induction.json is missing") as caught:
+        load_sweep_run(tmp_path)
+    assert "checksum" not in str(caught.value)
+    store.file_of("toy-1__induction").mkdir()
+    assert store.is_done("toy-1__induction", {"seed": 0}, "f") == (False, "result file is not a file")
+
+
+def test_a_run_of_a_store_loads_and_a_changed_one_says_checksum(tmp_path):
+    store = _store_with_one_run(tmp_path)
+    assert load_sweep_run(tmp_path)["rows"] == [{"layer": 0, "head": 0}]
+    store.file_of("toy-1__induction").write_text('{"rows": []}\n')
+    with pytest.raises(InputError, match="does not match its checksum"):
+        load_sweep_run(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"retries": -1}, "--retries must be a whole number from 0 to 100, got -1"),
+        ({"retries": 1.5}, "--retries must be a whole number from 0 to 100, got 1.5"),
+        ({"workers": 0}, "--workers must be a whole number from 1 to 1024, got 0"),
+        ({"cpus_per_run": 0.0}, "--cpus-per-run must be a number above 0 to 4096, got 0"),
+        ({"cpus_per_run": -2.0}, "--cpus-per-run must be a number above 0 to 4096, got -2"),
+        ({"cpus_per_run": float("nan")}, "--cpus-per-run must be a number above 0 to 4096, got nan"),
+        ({"gpus_per_run": -0.5}, "--gpus-per-run must be a number from 0 to 1024, got -0.5"),
+        ({"gpus_per_run": float("inf")}, "--gpus-per-run must be a number from 0 to 1024, got inf"),
+        ({"workers": True}, "--workers must be a whole number from 1 to 1024, got True"),
+    ],
+)
+def test_resource_options_are_checked_not_clipped(values, message):
+    with pytest.raises(InputError) as caught:
+        check_resources(**values)
+    assert str(caught.value) == message
+
+
+def test_resource_options_in_range_pass():
+    check_resources(workers=1, retries=0, cpus_per_run=0.5, gpus_per_run=0.0)
+
+
+def test_store_folders_that_cannot_be_made_are_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        prepare_folder(tmp_path / "file" / "store")
+    with pytest.raises(InputError, match=r"--out .*: is a file"):
+        prepare_folder(tmp_path / "file")
+    with pytest.raises(InputError, match="name too long for the file system"):
+        prepare_folder(tmp_path / ("x" * 300))
+    assert prepare_folder(tmp_path / "a" / "b").is_dir()

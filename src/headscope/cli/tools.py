@@ -81,13 +81,17 @@ def sweep_cmd(
 ) -> None:
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
     with handle_errors(debug.debug):
-        import headscope.api as hs
         from headscope.outputs.sweeps import print_sweep
-        from headscope.sweeps.run import check_analyses
+        from headscope.sweeps.run import check_analyses, check_resources
+        from headscope.sweeps.run import sweep as run_sweep
 
+        # Every option is checked here, before the store is touched and before the first run.
         chosen = check_analyses(analysis.split(","))
+        check_resources(
+            workers=workers, retries=retries, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+        )
         if png is not None:
-            check_outputs(True, ("--png", png))
+            check_outputs(force, ("--png", png))
         options: dict[str, Any] = {"resamples": stats.resamples, "seed": stats.seed}
         if "induction" in chosen:
             options.update(seq_len=repeat.seq_len, repeat_seq=repeat.repeat_seq, n_seqs=repeat.n_seqs)
@@ -98,10 +102,11 @@ def sweep_cmd(
             status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
             err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
 
-        result = hs.sweep(
+        result = run_sweep(
             specs,
             out_dir,
             analyses=chosen,
+            options=options,
             executor=executor.executor,
             workers=workers,
             ray_address=ray_address,
@@ -110,8 +115,10 @@ def sweep_cmd(
             retries=retries,
             force=force,
             on_result=on_result,
-            **options,
+            on_note=lambda text: err.print(f"note: {text}", soft_wrap=True, markup=False),
         )
+        # A closed stdout (`| head -1`) while this prints ends quietly with 141: handle_errors and
+        # the `out` console see to it for every command (the store is complete by then).
         print_sweep(result, len(chosen), out)
         if png is not None and result.table is not None:
             from headscope.outputs import views

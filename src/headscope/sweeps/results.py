@@ -12,7 +12,7 @@ from typing import Any
 from headscope import __version__
 from headscope.errors import InputError
 
-from .store import Store
+from .store import Store, read_manifest
 
 RESULT_KEYS = {"headscope", "command", "model", "sections", "rows"}
 
@@ -53,10 +53,7 @@ def load_result(path: str | Path, run: str | None = None) -> dict[str, Any]:
 def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
     """One finished run of a ``headscope sweep`` store as a result dictionary."""
     store = Store(folder)
-    try:
-        store.runs = dict(json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("runs", {}))
-    except (OSError, ValueError, AttributeError):
-        raise InputError(f"{folder / 'manifest.json'}: not a readable sweep manifest") from None
+    store.runs, _ = read_manifest(folder / "manifest.json")  # InputError naming the JSON path
     done = {key: entry for key, entry in store.runs.items() if entry.get("status") == "done"}
     if not done:
         raise InputError(f"{folder}: the sweep store holds no finished run")
@@ -70,11 +67,22 @@ def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
             raise InputError(f"--run {run}: no finished run of {folder} has that key or label")
         key = matches[0]
     entry = done[key]
-    if store.is_done(key, entry.get("options"), entry.get("fingerprint"))[0] is False:
+    done_ok, why = store.is_done(key, entry["options"], entry["fingerprint"])
+    if not done_ok:
+        causes = {"result file missing": "is missing", "checksum mismatch": "does not match its checksum"}
+        cause = causes.get(why, why.removeprefix("result file "))
         raise InputError(
-            f"{folder}: run {key}'s result file does not match its checksum", hint="rerun the sweep"
+            f"{folder}: run {key}'s result file {store.file_of(key).relative_to(folder)} {cause}",
+            hint="rerun the sweep to compute it again",
         )
-    payload = store.load(key)
+    try:
+        payload = store.load(key)
+    except (OSError, ValueError):
+        raise InputError(
+            f"{folder}: run {key}'s result file cannot be read", hint="rerun the sweep"
+        ) from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), list):
+        raise InputError(f"{folder}: run {key}'s result file holds no rows list", hint="rerun the sweep")
     return {
         "headscope": entry.get("headscope", __version__),
         "command": str(entry.get("analysis", "sweep")),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ class SweepResult:
     seconds: float = 0.0
     table: pd.DataFrame | None = None  # sweep.csv
     losses: pd.DataFrame | None = None  # repeated-copy loss per run (induction)
+    notes: list[str] = field(default_factory=list)  # what the user should hear (stale lock taken over, …)
 
     def emergence(self) -> pd.DataFrame:
         """Per role table: best score first and last step, where it rose most, first step per head."""
@@ -67,6 +70,53 @@ def check_options(chosen: Sequence[str], options: dict[str, Any]) -> None:
         raise InputError(f"sweep: options {', '.join(unknown)} belong to none of {', '.join(chosen)}")
 
 
+# Resource options: (lowest allowed, whether the lowest itself is allowed, highest); checked, never clipped.
+LIMITS: dict[str, tuple[float, bool, float]] = {
+    "--workers": (1, True, 1024),
+    "--retries": (0, True, 100),
+    "--cpus-per-run": (0, False, 4096),
+    "--gpus-per-run": (0, True, 1024),
+}
+
+
+def check_resources(**values: float) -> None:
+    """``--workers``, ``--retries``, ``--cpus-per-run``, ``--gpus-per-run`` (as keyword names with
+    underscores) in range; InputError naming the option and the range otherwise."""
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        low, inclusive, high = LIMITS[flag]
+        integer = flag in ("--workers", "--retries")
+        kind = "a whole number" if integer else "a number"
+        low_text = f"{'from' if inclusive else 'above'} {low:g}"
+        wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+        if wrong_type or (integer and not float(value).is_integer()) or not math.isfinite(value):
+            raise InputError(f"{flag} must be {kind} {low_text} to {high:g}, got {value!r}")
+        if value < low or (value == low and not inclusive) or value > high:
+            raise InputError(f"{flag} must be {kind} {low_text} to {high:g}, got {value:g}")
+
+
+def prepare_folder(out: str | Path) -> Path:
+    """The store's folder, created; InputError naming --out and the cause when it cannot be."""
+    folder = Path(out).expanduser()
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--out {out}: is a file", hint="give a folder")
+        for parent in folder.parents:
+            if parent.exists() and not parent.is_dir():
+                raise InputError(f"--out {out}: {parent} is a file, not a folder", hint="give another --out")
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise InputError(
+                f"--out {out}: name too long for the file system", hint="choose a shorter name"
+            ) from None
+        raise InputError(
+            f"--out {out}: cannot create the store folder ({exc.strerror or type(exc).__name__})",
+            hint="give a folder you can write to",
+        ) from None
+    return folder
+
+
 def sweep(
     specs: Sequence[str],
     out: str | Path,
@@ -81,15 +131,26 @@ def sweep(
     retries: int = 2,
     force: bool = False,
     on_result: Callable[[str, dict[str, Any]], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> SweepResult:
-    """Run every (target, analysis) the store does not already hold; return the whole store's result."""
+    """Run every (target, analysis) the store does not already hold; return the whole store's result.
+
+    Every option, the specs and the store (its folder, lock and manifest) are checked before the
+    first run starts. Notes (a stale lock taken over, unknown manifest keys, a run computed again
+    because its result file is missing or changed) go to ``on_note`` and ``SweepResult.notes``."""
     started = time.perf_counter()
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        notes.append(text)
+        if on_note is not None:
+            on_note(text)
+
     chosen = check_analyses(analyses)
     check_options(chosen, options or {})
     if executor not in {"local", "ray"}:
         raise InputError(f"--executor must be local or ray, got {executor!r}")
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    check_resources(workers=workers, retries=retries, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run)
     if executor == "ray":
         try:
             import ray  # noqa: F401
@@ -99,14 +160,13 @@ def sweep(
             ) from None
     targets = expand(list(specs))
     options = dict(sorted((options or {}).items()))
-    folder = Path(out).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--out {out}: is a file", hint="give a folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    result = SweepResult(folder, targets, chosen)
-    with locked(folder):
+    folder = prepare_folder(out)
+    result = SweepResult(folder, targets, chosen, notes=notes)
+    with locked(folder, note):
         store = Store(folder)
         store.open()
+        for text in store.notes:
+            note(text)
         tasks = []
         for target in targets:
             try:
@@ -130,6 +190,9 @@ def sweep(
                     result.skipped.append(run_key)
                     continue
                 result.reasons[run_key] = why
+                if why.startswith("result file") or why == "checksum mismatch":
+                    shown = store.file_of(run_key).relative_to(folder)
+                    note(f"run {run_key}: {why} ({shown}); computing it again")
                 tasks.append(
                     {
                         "run_key": run_key,
