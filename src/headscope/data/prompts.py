@@ -297,7 +297,7 @@ def _span(value: Any, what: str, where: str, text: str) -> Span:
         raise PromptSetError(
             f"{where}: {what} [{start}, {end}) is outside the text (length {len(text)}) or empty"
         )
-    return (start, end)
+    return (int(start), int(end))  # plain ints, not the loader's number-with-source-text
 
 
 def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
@@ -322,7 +322,9 @@ def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
             f"{where}: 'antecedent' must be an index into 'candidates' (0..{len(spans) - 1}), got {elide(antecedent)}"
         )
     lang = raw.get("lang")
-    return CorefItem(str(raw.get("id", f"{stem}-{index + 1}")), text, pronoun, spans, antecedent, lang, where)
+    return CorefItem(
+        str(raw.get("id", f"{stem}-{index + 1}")), text, pronoun, spans, int(antecedent), lang, where
+    )
 
 
 def load_coref(path: str | Path, *, skip_bad: bool = False) -> CorefSet:
