@@ -37,12 +37,13 @@ def run_with_closed_stdout(*args: str) -> tuple[int, str]:
     "args",
     [
         ["--version"],
+        ["retrieval", "--help"],
         ["models"],
         ["info", str(TOY)],
         ["induction", str(TOY), "--format", "csv"],
         ["induction", str(TOY)],
     ],
-    ids=["version", "models", "info", "induction-csv", "induction-table"],
+    ids=["version", "help", "models", "info", "induction-csv", "induction-table"],
 )
 def test_a_closed_pipe_ends_quietly(args: list[str]) -> None:
     status, stderr = run_with_closed_stdout(*args)

@@ -39,11 +39,25 @@ def main() -> None:
     if "--debug" not in sys.argv:
         # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
         os.environ.setdefault("TQDM_DISABLE", "1")
+    stdout_was_devnull = _is_devnull(1)
     try:
         app()
     except BrokenPipeError:
         quiet_broken_pipe()
         sys.exit(BROKEN_PIPE_EXIT)
+    except SystemExit as exc:
+        # typer's own output (--help, usage) goes through a Rich console that, on a broken pipe,
+        # points stdout at devnull and exits 1; give it the broken-pipe status as well.
+        if exc.code == 1 and not stdout_was_devnull and _is_devnull(1):
+            sys.exit(BROKEN_PIPE_EXIT)
+        raise
+
+
+def _is_devnull(fd: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
