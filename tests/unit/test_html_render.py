@@ -236,3 +236,23 @@ def test_check_data_accepts_minimal_and_non_dict():
     assert json.loads(embedded_json(page))["heads"] == []
     with pytest.raises(ValueError, match="expected an object, got list"):
         check_data([])
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value"),
+    [("heads", "layer", LAYERS), ("heads", "head", -1), ("tables", "head", HEADS)],
+)
+def test_check_data_refuses_a_head_outside_the_model(where, key, value):
+    data = make_data()
+    target = data["heads"][5] if where == "heads" else data["tables"][0]["rows"][2]
+    target[key] = value
+    with pytest.raises(ValueError, match=f"outside the model's .* {key}s, got {value}"):
+        check_data(data)
+
+
+def test_check_data_wants_the_role_map_to_be_the_models_grid():
+    """The role map is drawn from ``heads``: more (or fewer) cells than the layout is refused."""
+    data = make_data()
+    data["heads"] = data["heads"][:-1]
+    with pytest.raises(ValueError, match=r"expected 3 x 4 heads \(the model's layout\), got 11"):
+        check_data(data)

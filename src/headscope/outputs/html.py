@@ -128,6 +128,12 @@ def _check_list(where: str, items: Any, item_type: tuple[type, ...]) -> None:
         _check_value(f"{where}[{i}]", item, item_type)
 
 
+def _check_inside(where: str, head: dict[str, Any], model: dict[str, Any]) -> None:
+    for key, size in (("layer", model["layers"]), ("head", model["heads"])):
+        if not 0 <= head[key] < size:
+            raise ValueError(f"{where}[{key!r}]: outside the model's {size} {key}s, got {head[key]}")
+
+
 def check_data(data: Any) -> None:
     """Raise ``ValueError`` naming the first key or value that does not fit the report schema."""
     _check_fields("data", data, _TOP)
@@ -155,12 +161,20 @@ def check_data(data: Any) -> None:
         where = f"data['heads'][{i}]"
         _check_fields(where, head, _HEAD)
         _check_list(f"{where}['secondary']", head["secondary"], (str,))
+        _check_inside(where, head, model)
+    # The role map is the model's grid: one cell per head of the layout (or none at all), never more.
+    if data["heads"] and len(data["heads"]) != model["layers"] * model["heads"]:
+        raise ValueError(
+            f"data['heads']: expected {model['layers']} x {model['heads']} heads (the model's layout), "
+            f"got {len(data['heads'])}"
+        )
 
     for i, table in enumerate(data["tables"]):
         where = f"data['tables'][{i}]"
         _check_fields(where, table, _TABLE)
         for j, row in enumerate(table["rows"]):
             _check_fields(f"{where}['rows'][{j}]", row, _ROW)
+            _check_inside(f"{where}['rows'][{j}]", row, model)
 
     for i, summary in enumerate(data["summaries"]):
         where = f"data['summaries'][{i}]"

@@ -49,7 +49,7 @@ def _tables(rows: pd.DataFrame, sections: list[dict[str, Any]]) -> list[dict[str
                 "detector": detector,
                 "relation": relation,
                 "direction": direction,
-                "summary": section.get("summary", "") or section.get("description", ""),
+                "summary": section.get("summary") or section.get("description") or "",
                 "baseline": _number(section.get("baseline")),
                 "signed": signed,
                 "rows": [
@@ -89,12 +89,7 @@ def _heads(
             best = strongest.get((layer, head), {})
             role = best.get("role") or ""
             all_roles = list(held.get((layer, head), []))
-            key = (
-                best.get("data", ""),
-                best.get("detector", ""),
-                best.get("relation", ""),
-                best.get("direction", ""),
-            )
+            key = tuple(best.get(k) or "" for k in ("data", "detector", "relation", "direction"))
             out.append(
                 {
                     "layer": layer,
@@ -163,6 +158,38 @@ def _cell(value: Any) -> Any:
     return str(value)
 
 
+# A saved row may leave out any column but detector, layer, head and score (the result schema).
+_ROW_DEFAULTS: dict[str, Any] = {
+    "model": "",
+    "relation": "",
+    "direction": "",
+    "data": "",
+    "role": "",
+    "kv_group": 0,
+    "baseline": None,
+    "ci_low": None,
+    "ci_high": None,
+    "n": None,
+    "rank": None,
+}
+
+
+def _window(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _rows(records: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = pd.DataFrame([{**_ROW_DEFAULTS, **record} for record in records])
+    for column in ("model", "data", "detector", "relation", "direction", "role"):
+        rows[column] = rows[column].fillna("").astype(str)
+    rows["kv_group"] = rows["kv_group"].fillna(0).astype(int)
+    for column in ("layer", "head"):
+        rows[column] = rows[column].astype(int)
+    for column in ("score", "baseline", "ci_low", "ci_high", "n", "rank"):
+        rows[column] = pd.to_numeric(rows[column], errors="coerce").astype(float)
+    return rows
+
+
 def build(
     result: dict[str, Any],
     *,
@@ -173,27 +200,32 @@ def build(
     """The report's data from a result dictionary (``report_json`` output)."""
     from headscope.verdicts.roles import RESTING_ROLE, roles_from_rows, spec_for_label
 
-    rows = pd.DataFrame(result["rows"])
-    for column in ("data", "detector", "relation", "direction", "role"):
-        rows[column] = rows[column].fillna("").astype(str)
-    layers = int(rows["layer"].max()) + 1
-    heads = int(rows["head"].max()) + 1
+    rows = _rows(result["rows"])
     layout = {k: v for k, v in (layout or result.get("layout") or {}).items() if v is not None}
-    local = list((result.get("layers") or {}).get("local", layout.get("local_layers", [])))
+    # The role map has the size of the model the result names (its layout), not of its largest
+    # row: Result.from_json has checked that every row lies inside it.
+    layers = int(layout.get("layers", int(rows["layer"].max()) + 1))
+    heads = int(layout.get("heads", int(rows["head"].max()) + 1))
+    kv_heads = int(layout.get("kv_heads", int(rows["kv_group"].max()) + 1))
+    local = list((result.get("layers") or {}).get("local") or layout.get("local_layers") or [])
     model = {
         "name": str(result["model"]),
-        "layers": int(layout.get("layers", layers)),
-        "heads": int(layout.get("heads", heads)),
-        "kv_heads": int(layout.get("kv_heads", int(rows["kv_group"].max()) + 1)),
-        "group_size": int(layout.get("group_size", heads // (int(rows["kv_group"].max()) + 1))),
+        "layers": layers,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "group_size": int(layout.get("group_size", max(1, heads // max(1, kv_heads)))),
         "head_dim": int(layout.get("head_dim", 0)),
         "d_model": int(layout.get("d_model", 0)),
-        "local_layers": local,
+        "local_layers": [int(i) for i in local],
         "global_layers": [i for i in range(layers) if i not in local],
-        "window": (result.get("layers") or {}).get("window", layout.get("window")),
+        "window": _window((result.get("layers") or {}).get("window", layout.get("window"))),
         "causal": bool(layout.get("causal", True)),
     }
-    tables = _tables(rows, result.get("sections", []))
+    sections = [
+        {**s, **{k: s.get(k) or "" for k in ("data", "detector", "relation", "direction")}}
+        for s in result.get("sections") or []
+    ]
+    tables = _tables(rows, sections)
     roles = result.get("roles")
     if roles is None:  # a result without its role table: each head's strongest row
         roles = [r for r in roles_from_rows(rows).to_dict(orient="records") if r["role"]]
@@ -202,10 +234,7 @@ def build(
     labels = list(dict.fromkeys([*used, *held]))
     labels.sort(key=lambda label: (label == RESTING_ROLE, label))
     datasets = list(
-        {
-            s["data"]: {"data": s["data"], "description": s.get("description", "")}
-            for s in result.get("sections", [])
-        }.values()
+        {s["data"]: {"data": s["data"], "description": s.get("description") or ""} for s in sections}.values()
     )
     return {
         "schema": SCHEMA,
@@ -222,7 +251,7 @@ def build(
         "heads": _heads(rows, roles, tables, layers, heads),
         "tables": tables,
         "summaries": _summaries(result),
-        "notes": [str(n) for n in result.get("notes", [])],
+        "notes": [str(n) for n in result.get("notes") or []],
         "examples": examples or [],
     }
 
