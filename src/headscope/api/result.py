@@ -404,9 +404,9 @@ def _elide(text: str, limit: int = _SHORT) -> str:
 def _shown(value: Any) -> str:
     """A value for a message: JSON-like, short, one line."""
     if isinstance(value, dict):
-        return f"an object of {len(value)} keys"
+        return f"an object of {len(value)} key{'' if len(value) == 1 else 's'}"
     if isinstance(value, list):
-        return f"a list of {len(value)} items"
+        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, int):
