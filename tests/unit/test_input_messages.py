@@ -125,3 +125,12 @@ def test_a_million_byte_field_gives_a_short_line(tmp_path: Path) -> None:
     keys = tmp_path / "keys.jsonl"
     keys.write_text(json.dumps({"text": "a", huge: 1}) + "\n")
     assert len(_message(load_texts, keys)) < 1000
+
+
+def test_an_id_yaml_reads_as_a_number_keeps_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "texts.yaml"
+    path.write_text("items:\n- id: 010\n  text: a\n- id: 8\n  text: b\n")
+    assert [item.id for item in load_texts(path).items] == ["010", "8"]  # two ids, not "8" twice
+    needles = tmp_path / "needles.yaml"
+    needles.write_text(NEEDLE.format(answer="'123'").replace("id: n1", "id: 007"))
+    assert load_retrieval(needles).items[0].id == "007"

@@ -27,6 +27,7 @@ from headscope.data.prompts import (
     _raw_items,
     _read_text,
     describe_value,
+    id_as_written,
     split_lines,
 )
 from headscope.errors import PromptSetError, elide
@@ -75,8 +76,12 @@ def occurrences(text: str, name: str) -> list[tuple[int, int]]:
 
 def _item_where(raw: Any, where: str, index: int, stem: str) -> tuple[str, str]:
     """(item id, ``file:line: item 'id'``) for messages; the default id is ``stem-N``."""
-    item_id = str(raw.get("id", f"{stem}-{index + 1}")) if isinstance(raw, dict) else f"{stem}-{index + 1}"
-    return item_id, f"{where}: item '{elide(item_id)}'"
+    shown = (
+        id_as_written(raw.get("id", f"{stem}-{index + 1}"))
+        if isinstance(raw, dict)
+        else f"{stem}-{index + 1}"
+    )
+    return shown, f"{where}: item '{elide(shown)}'"
 
 
 def _shown(value: Any) -> str:

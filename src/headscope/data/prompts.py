@@ -133,6 +133,11 @@ def describe_value(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def id_as_written(value: Any) -> str:
+    """An item's id as written: ``id: 010`` stays "010" (YAML reads the number 8)."""
+    return str(getattr(value, "text", value))
+
+
 def split_lines(text: str) -> list[str]:
     """Lines as a text editor numbers them: split at "\n" (a "\r" before it dropped) and nowhere
     else. ``str.splitlines`` also splits at U+2028/2029, \x0b, \x0c, \x1c-\x1e and \x85, which
@@ -185,8 +190,7 @@ def _text_item(raw: Any, where: str, index: int, stem: str) -> TextItem:
     lang = raw.get("lang")
     if lang is not None and not isinstance(lang, str):
         raise PromptSetError(f"{where}: 'lang' must be a string, got {describe_value(lang)}")
-    item_id = raw.get("id", f"{stem}-{index + 1}")
-    return TextItem(str(item_id), text, lang, where)
+    return TextItem(id_as_written(raw.get("id", f"{stem}-{index + 1}")), text, lang, where)
 
 
 def _check_unique(items: list[TextItem]) -> None:
@@ -323,7 +327,13 @@ def _coref_item(raw: Any, where: str, index: int, stem: str) -> CorefItem:
         )
     lang = raw.get("lang")
     return CorefItem(
-        str(raw.get("id", f"{stem}-{index + 1}")), text, pronoun, spans, int(antecedent), lang, where
+        id_as_written(raw.get("id", f"{stem}-{index + 1}")),
+        text,
+        pronoun,
+        spans,
+        int(antecedent),
+        lang,
+        where,
     )
 
 
