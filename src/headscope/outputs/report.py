@@ -74,6 +74,8 @@ def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
     from headscope.verdicts.results import CSV_COLUMNS
 
     out: dict[str, Any] = {
+        # The format's name and version, checked when the file is read back (api.result.check_result).
+        "schema": "headscope-result/1",
         "headscope": __version__,
         "command": command,
         "model": report.model,
