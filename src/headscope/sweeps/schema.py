@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from headscope import errors
 from headscope.errors import InputError
 
 VERSION = 1
@@ -50,9 +51,9 @@ ENTRY_FIELDS: dict[str, tuple[tuple[str, ...], bool]] = {
 
 
 def elide(value: Any, limit: int = 40) -> str:
-    """A value as JSON-ish text, cut to ``limit`` characters so an error stays one short line."""
-    text = repr(value).replace("\n", "\\n")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """A manifest value for a message: its ``repr`` (strings quoted, so ``"12"`` and ``12`` differ),
+    one line and cut by :func:`headscope.errors.elide`."""
+    return errors.elide(repr(value), limit)
 
 
 def json_type(value: Any) -> str:
