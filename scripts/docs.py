@@ -1235,7 +1235,7 @@ def outputs(
             new = edits.get(doc.path, {}).get(block.line - 1)
             if new is not None:
                 lines[block.line - 1 : block.end - 1] = new
-        doc.path.write_text("\n".join(lines), encoding="utf-8")
+        write_file(doc.path, "\n".join(lines).encode("utf-8"))
     # Not reported: blocks measured now, and same-as blocks (the block they show is reported).
     measured = {id(b) for b in dear if id(b) in shown}
     outcome.notes += stamp_report(
@@ -1257,9 +1257,15 @@ def _stored_shown(block: Block) -> Shown | None:
 
 
 def keep_file(dest: str, data: bytes) -> bool:
-    """Write ``data`` to ``dest`` (relative to the repository root) atomically: a temporary file
-    beside it, then os.replace. False when the file already holds exactly that."""
-    target = ROOT / dest
+    """Write ``data`` to ``dest`` (relative to the repository root) atomically. False when the file
+    already holds exactly that."""
+    return write_file(ROOT / dest, data)
+
+
+def write_file(target: Path, data: bytes) -> bool:
+    """Every file this script writes (pages, the CLI reference, kept files): a temporary file beside
+    ``target``, then os.replace, so a crash never leaves half a page. The file keeps its mode (0644
+    when new). False when it already holds exactly ``data``."""
     if target.is_file() and target.read_bytes() == data:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -1440,8 +1446,7 @@ def cli(check: bool = False) -> int:
         print("\n".join(list(diff)[:60]))
         print(f"{display(CLI_PATH)} is out of date: run make docs (scripts/docs.py cli)", file=sys.stderr)
         return 1
-    CLI_PATH.parent.mkdir(parents=True, exist_ok=True)
-    CLI_PATH.write_text(text, encoding="utf-8")
+    write_file(CLI_PATH, text.encode("utf-8"))
     print(f"wrote {display(CLI_PATH)}")
     return 0
 
