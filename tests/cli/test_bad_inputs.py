@@ -294,6 +294,28 @@ def case_files(d: Path) -> dict[str, tuple[list, str]]:
         ),
         "retrieval-on-an-encoder": (["retrieval", "minilm-l6"], "is not a causal language model"),
         "ioi-on-an-encoder": (["ioi", "minilm-l6"], "needs a causal language model"),
+        # kv-plan: sparsities, the window, the context, the model kind, the output folder
+        "kv-sparsity-before-the-model": (
+            ["kv-plan", d / "no-such-model", "--sparsity", "0.5,1.5"],
+            "--sparsity 0.5,1.5: 1.5 is outside [0, 1]",
+        ),
+        "kv-sparsity-not-a-number": (
+            ["kv-plan", TOY, "--sparsity", "half"],
+            "--sparsity half: half is not a number",
+        ),
+        "kv-window-before-the-model": (
+            ["kv-plan", d / "no-such-model", "--sink", "64", "--recent", "256", "--context", "300"],
+            "--sink 64 + --recent 256 = 320 tokens covers the whole --context 300",
+        ),
+        "kv-context-beyond-model": (
+            ["kv-plan", TOY, "--context", "1000", "--sink", "4", "--recent", "16"],
+            "--context 1000 is longer than",
+        ),
+        "kv-plan-on-an-encoder": (["kv-plan", "minilm-l6"], "is not a causal language model"),
+        "kv-out-file-before-the-model": (
+            ["kv-plan", d / "no-such-model", "--out", write(d / "plan-file", "x")],
+            "is a file, not a folder",
+        ),
         # the HTML report
         "report-not-headscopes": (
             ["report", write(d / "other.json", '{"name": "not ours"}'), "--html", d / "r1.html"],
@@ -448,6 +470,12 @@ CASE_IDS = [
     "depths-before-the-model",
     "retrieval-on-an-encoder",
     "ioi-on-an-encoder",
+    "kv-sparsity-before-the-model",
+    "kv-sparsity-not-a-number",
+    "kv-window-before-the-model",
+    "kv-context-beyond-model",
+    "kv-plan-on-an-encoder",
+    "kv-out-file-before-the-model",
     "report-not-headscopes",
     "report-truncated",
     "report-html-exists",

@@ -511,6 +511,149 @@ class Retrieval(Analysis):
         return {"ablation": _one_check(outcome, "retrieval")}
 
 
+# --- kv-plan ----------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class KVPlanOptions(Stats):
+    sparsity: str | float | list[float] = option(
+        "0.25,0.5,0.75",
+        "Shares of the candidate KV heads made streaming, comma-separated, each in [0, 1].",
+        cli_type=str,
+    )
+    sink: int = option(64, "Attention-sink tokens a streaming head keeps (DuoAttention deploys 64).")
+    recent: int = option(
+        256, "Recent tokens a streaming head keeps, the query's own included (DuoAttention: 256)."
+    )
+    method: str = option(
+        "mass",
+        "What ranks the KV heads: long-range attention mass, retrieval score, or leave-one-out "
+        "ablation (one needle pass per KV head).",
+        choices=("mass", "retrieval", "ablation"),
+    )
+    data: str | Path | None = option(
+        None,
+        "Needles, YAML or JSONL: needle, question, answer (default: the shipped English set).",
+        cli_type=Path | None,
+    )
+    haystack: str | Path | None = option(
+        None,
+        "Filler text for the needle prompts: .txt or .conllu. Default: the shipped one for the needles' language.",
+        cli_type=Path | None,
+    )
+    text: str | Path | None = option(
+        None,
+        "Long natural text (.txt or .conllu) for the long-range mass and the LM loss (default: the haystack).",
+        cli_type=Path | None,
+    )
+    context: str | int | list[int] = option(
+        "1280",
+        "Prompt lengths in tokens, comma-separated; at least 4 x (sink + recent) to test the window.",
+        cli_type=str,
+    )
+    depths: str | list[float] = option(
+        "0.1,0.4,0.7", "Needle depths: fractions of the context, 0 = start, 1 = end.", cli_type=str
+    )
+    needles: int | None = option(8, "Use only the first N needles (default 8; 0 or none: all).", min=0)
+    text_chunks: int = option(3, "Stretches of natural text of the context length, per context.", min=1)
+    draws: int = option(3, "Random plans per sparsity (all same-size plans when there are no more).", min=1)
+    kv_dtype: str = option(
+        "auto",
+        "The cache's dtype for the memory figures (auto: the model's).",
+        choices=("auto", "float32", "bfloat16", "float16", "int8"),
+    )
+    batch_size: int = option(2, "Prompts per forward pass.", min=1)
+
+
+@register
+class KVPlan(Analysis):
+    name = "kv-plan"
+    summary = (
+        "A KV-cache plan: which KV heads need the whole context and which only a sink and a recent window, "
+        "checked against random plans."
+    )
+    options = KVPlanOptions
+    takes_capture = False
+
+    def check(self, options: KVPlanOptions) -> dict[str, Any]:
+        from headscope.data.circuits import load_haystack, load_retrieval
+        from headscope.data.prompts import builtin
+
+        from . import kvplan
+        from . import retrieval as needle
+
+        check_common(options)
+        sparsities = kvplan.parse_sparsities(_joined(options.sparsity))
+        contexts = needle.parse_contexts(_joined(options.context))
+        depths = needle.parse_depths(_joined(options.depths))
+        kvplan.check_window(options.sink, options.recent, contexts)
+        needle_set = load_retrieval(
+            options.data if options.data is not None else builtin("retrieval/en.yaml")
+        )
+        if options.needles:
+            needle_set.items = needle_set.items[: options.needles]
+        haystack_path = options.haystack
+        if haystack_path is None:
+            haystack_path = builtin(f"retrieval/haystack-{needle.language_of(needle_set)}.txt")
+        haystack = load_haystack(haystack_path)
+        text = haystack if options.text is None else load_haystack(options.text)
+        return {
+            "sparsities": sparsities,
+            "contexts": contexts,
+            "depths": depths,
+            "needles": needle_set,
+            "haystack": haystack,
+            "text": text,
+        }
+
+    def run(self, loaded: Any, options: KVPlanOptions, prepared: dict[str, Any], progress: Any) -> Outcome:
+        from . import kvplan
+
+        dtype = options.kv_dtype
+        if dtype == "auto":
+            dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+            dtype = dtype if dtype in kvplan.KV_DTYPES else "float32"
+        scored = kvplan.score(
+            loaded,
+            prepared["needles"],
+            prepared["haystack"],
+            prepared["text"],
+            contexts=prepared["contexts"],
+            depths=prepared["depths"],
+            sink=options.sink,
+            recent=options.recent,
+            method=options.method,
+            text_chunks=options.text_chunks,
+            kv_dtype=dtype,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        return Outcome(scored.report, state={"scored": scored, "sparsities": prepared["sparsities"]})
+
+    def wants_verify(self, options: KVPlanOptions) -> bool:
+        return True  # the plan is not a plan until it is applied and compared with random ones
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: KVPlanOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        from . import kvplan
+
+        plan = kvplan.verify(
+            loaded,
+            outcome.state["scored"],
+            outcome.state["sparsities"],
+            draws=options.draws,
+            seed=options.seed,
+            progress=progress,
+        )
+        return [Check("kv-plan", plan)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"kv_plan": _one_check(outcome, "kv-plan")}
+
+
 # --- ioi --------------------------------------------------------------------------------------------
 
 

@@ -214,6 +214,7 @@ class NeedleOutcome:
     answer_tokens: int
     per_prompt: list[bool] = field(repr=False, default_factory=list)
     prompts: list[NeedlePrompt] = field(repr=False, default_factory=list)
+    per_prompt_loss: list[float] = field(repr=False, default_factory=list)  # mean answer loss per prompt
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,9 +236,11 @@ def _measure(
     ablation: capture.Ablation | None = None,
     progress: ProgressFactory | None = None,
     label: str = "",
+    streaming: capture.StreamingHeads | None = None,
 ) -> NeedleOutcome:
     correct_all = [False] * len(prompts)
     loss_sum, loss_count, counted = 0.0, 0, 0
+    prompt_losses = [0.0] * len(prompts)
     advance = progress(label, len(prompts)) if progress else None
 
     def on_hidden(hidden: torch.Tensor, batch: capture.Batch) -> None:
@@ -250,6 +253,7 @@ def _measure(
             hit = (logits.argmax(-1) == gold).cpu()
             losses = torch.logsumexp(logits, -1) - logits.gather(-1, gold[:, None])[:, 0]
             loss_sum += float(losses.double().sum())
+            prompt_losses[meta["prompt"]] = float(losses.double().mean())
             loss_count += len(gold)
             counted += int(hit.sum())
             correct_all[meta["prompt"]] = bool(hit.all())
@@ -264,6 +268,7 @@ def _measure(
         batches,
         on_layer,
         ablation=ablation,
+        streaming=streaming,
         on_hidden=on_hidden,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )
@@ -290,6 +295,7 @@ def _measure(
         loss_count,
         correct_all,
         prompts,
+        prompt_losses,
     )
 
 

@@ -217,6 +217,8 @@ coref = _analysis_function("coref")
 retrieval = _analysis_function("retrieval")
 ioi = _analysis_function("ioi")
 weights = _analysis_function("weights")
+kv_plan = _analysis_function("kv-plan")
+kv_plan.__name__ = kv_plan.__qualname__ = "kv_plan"
 
 
 def show(
@@ -290,6 +292,7 @@ __all__ = [
     "coref",
     "induction",
     "ioi",
+    "kv_plan",
     "load",
     "plan",
     "plan_options",

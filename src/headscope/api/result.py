@@ -126,13 +126,21 @@ class Result:
             return list(self._outcome.checks)
         saved = self._saved or {}
         out: list[Any] = []
-        for key in ("verification", "circuit_verification", "ablation"):
+        for key in ("verification", "circuit_verification", "ablation", "kv_plan"):
             value = saved.get(key)
             if isinstance(value, list):
                 out += value
             elif isinstance(value, dict):
                 out.append(value)
         return out
+
+    @property
+    def kv_plan(self) -> Any:
+        """``hs.kv_plan``'s plan with its verification: a ``KVPlan`` (``ranked``, ``rows``, ``sparsities``,
+        ``to_json()``), its JSON record for a result read from a file, None for other analyses."""
+        if self._outcome is not None:
+            return next((c.value for c in self._outcome.checks if c.kind == "kv-plan"), None)
+        return (self._saved or {}).get("kv_plan")
 
     def tables(self) -> pd.DataFrame:
         """The (data, detector, relation, direction) groups of the table, one row each, with head counts."""

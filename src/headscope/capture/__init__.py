@@ -3,6 +3,7 @@
 from headscope.capture import checks
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
+from headscope.capture.kvmask import StreamingHeads
 from headscope.capture.stream import (
     STREAM_IMPLEMENTATION,
     LayerCallback,
@@ -23,6 +24,7 @@ __all__ = [
     "LayerCallback",
     "LayerDone",
     "STREAM_IMPLEMENTATION",
+    "StreamingHeads",
     "head_output_means",
     "make_batches",
     "next_token_losses",

@@ -38,6 +38,14 @@ class Batch:
         """Positions holding a real, non-special token."""
         return self.attention_mask & ~self.special
 
+    def positions(self) -> torch.Tensor:
+        """[B, T] each position's index among its row's real tokens (padding does not count)."""
+        cached = self._cache.get("positions")
+        if cached is None:
+            cached = self.attention_mask.long().cumsum(1) - 1
+            self._cache["positions"] = cached
+        return cached
+
     def set_chunk(
         self,
         q_start: int,

@@ -23,6 +23,7 @@ from headscope.errors import RunFailure
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
 from .dla import HeadWrites, attention_layers
+from .kvmask import StreamingHeads
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
@@ -47,8 +48,10 @@ class _LayerSink:
         ablation: Ablation | None = None,
         on_layer_done: LayerDone | None = None,
         recorder: HeadOutputMeans | None = None,
+        streaming: StreamingHeads | None = None,
     ) -> None:
         self.callback = callback
+        self.streaming = streaming
         self.batch = batch
         self.ablation = ablation
         self.on_layer_done = on_layer_done
@@ -121,7 +124,8 @@ def streaming_attention(
             sink.kv[layer] = (key, value)
         if layer in sink.kv_override:
             key, value = sink.kv_override[layer]
-    n_rep = query.shape[1] // key.shape[1]
+    n_kv_heads = key.shape[1]
+    n_rep = query.shape[1] // n_kv_heads
     key = _repeat_kv(key, n_rep)
     value = _repeat_kv(value, n_rep)
     if scaling is None:
@@ -150,6 +154,10 @@ def streaming_attention(
                 scores.masked_fill_(~rows[..., first:limit], torch.finfo(scores.dtype).min)
             else:
                 scores.add_(rows[..., first:limit])
+        if sink is not None and sink.streaming is not None:
+            blocked = sink.streaming.blocked(layer, sink.batch, heads, n_kv_heads, start, stop, first, limit)
+            if blocked is not None:
+                scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
         if sinks is not None:
             column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(*scores.shape[:-1], 1)
             weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)
@@ -234,8 +242,9 @@ def _sink(
     ablation: Ablation | None = None,
     on_layer_done: LayerDone | None = None,
     recorder: HeadOutputMeans | None = None,
+    streaming: StreamingHeads | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, streaming)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -297,6 +306,7 @@ def run(
     writes: HeadWrites | None = None,
     on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
     stop_after: int | None = None,
+    streaming: StreamingHeads | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -314,9 +324,13 @@ def run(
     states ``[B, T, D]`` (after the final norm), for logits at a few positions.
     ``stop_after`` (streaming capture only) ends each forward pass once block ``stop_after`` has
     run: for callers that need only the layers up to it (path patching's senders).
+    ``streaming`` (streaming capture only) masks chosen KV heads to a sink and a recent window
+    (:class:`~headscope.capture.kvmask.StreamingHeads`).
     """
     if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
+    if streaming is not None and loaded.capture_mode != "stream":
+        raise RunFailure("streaming KV heads need streaming capture", hint="drop --capture eager")
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
@@ -335,7 +349,7 @@ def run(
                 writes.begin(on_device)
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
-                    with _sink(on_layer, on_device, ablation, on_layer_done, recorder) as sink:
+                    with _sink(on_layer, on_device, ablation, on_layer_done, recorder, streaming) as sink:
                         out = stopped(module, inputs)
                     if sink.calls != n_layers:
                         raise RunFailure(

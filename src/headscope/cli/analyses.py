@@ -13,6 +13,7 @@ from headscope.analyses.catalog import (
     CorefOptions,
     InductionOptions,
     IOIOptions,
+    KVPlanOptions,
     RetrievalOptions,
     ScanOptions,
     SyntaxOptions,
@@ -193,6 +194,55 @@ def ioi(
 ) -> None:
     """Indirect object identification: name movers, negative name movers and S-inhibition heads."""
     run_analysis("ioi", model, options, load, emit, top=top.top, csv=csv.csv)
+
+
+@command(app, "kv-plan")
+def kv_plan(
+    model: ModelArg = DEFAULT_MODEL,
+    *,
+    options: KVPlanOptions,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write the plan into this folder: DuoAttention's full_attention_heads.tsv and config.json "
+            "(and one folder per sparsity), plan.csv and curve.png.",
+        ),
+    ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write a self-contained HTML report with the KV-head grid."),
+    ] = None,
+    top: Top,
+    csv: Csv,
+    emit: Emit,
+    load: Load,
+) -> None:
+    """A KV-cache plan: which KV heads need the whole context, which only a sink and a recent window."""
+    from headscope.outputs import kvplan
+
+    def after(result: Any) -> None:
+        plan = result.checks[0].value
+        if out is not None:
+            written = kvplan.write_plan_dir(plan, out, emit.force)
+            wrote(Path(out), f"{len(written)} files to ")
+        if html is not None:
+            write_html(html, result.html(command=command_line(), examples=False), emit.force)
+
+    if out is not None:
+        with handle_errors(emit.debug):
+            kvplan.check_plan_dir(out, emit.force)
+    run_analysis(
+        "kv-plan",
+        model,
+        options,
+        load,
+        emit,
+        top=top.top,
+        csv=csv.csv,
+        outputs=(("--html", html),),
+        after=after,
+    )
 
 
 @command(app, "weights")

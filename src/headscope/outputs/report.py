@@ -763,7 +763,14 @@ CHECK_PRINTERS: dict[str, Callable[[Any, Console], None]] = {
     "retrieval": print_retrieval_ablation,
     "successor": print_successor_ablation,
     "ioi": print_ioi_verification,
+    "kv-plan": lambda plan, console: _print_kv_plan(plan, console),
 }
+
+
+def _print_kv_plan(plan: Any, console: Console) -> None:
+    from headscope.outputs.kvplan import print_kv_plan
+
+    print_kv_plan(plan, console)
 
 
 def print_checks(checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool) -> None:
