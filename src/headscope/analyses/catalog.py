@@ -526,10 +526,14 @@ class KVPlanOptions(Stats):
         256, "Recent tokens a streaming head keeps, the query's own included (DuoAttention: 256)."
     )
     method: str = option(
-        "mass",
-        "What ranks the KV heads: long-range attention mass, retrieval score, or leave-one-out "
-        "ablation (one needle pass per KV head).",
-        choices=("mass", "retrieval", "ablation"),
+        "retrieval",
+        "What ranks the KV heads: retrieval score (ties: long-range mass), long-range attention mass, "
+        "or leave-one-out ablation (one needle pass per KV head).",
+        choices=("retrieval", "mass", "ablation"),
+    )
+    compare: bool = option(
+        False,
+        "Also apply the plans that the run's other scores make, against the same random plans.",
     )
     data: str | Path | None = option(
         None,
@@ -574,6 +578,7 @@ class KVPlan(Analysis):
     )
     options = KVPlanOptions
     takes_capture = False
+    print_sections = False
 
     def check(self, options: KVPlanOptions) -> dict[str, Any]:
         from headscope.data.circuits import load_haystack, load_retrieval
@@ -647,6 +652,7 @@ class KVPlan(Analysis):
             draws=options.draws,
             seed=options.seed,
             progress=progress,
+            compare=options.compare,
         )
         return [Check("kv-plan", plan)]
 

@@ -44,7 +44,7 @@ from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 from .retrieval import NeedlePrompt, _measure, build_prompts, needle_batches
 
 KV = tuple[int, int]  # (layer, KV head)
-METHODS = ("mass", "retrieval", "ablation")
+METHODS = ("retrieval", "mass", "ablation")
 KV_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 # DuoAttention's deploy settings (scripts/niah.sh, scripts/longbench.sh, README in mit-han-lab/duo-attention).
 DEFAULT_SINK = 64
@@ -280,6 +280,8 @@ class SparsityResult:
     random: list[Evaluation]
     exhaustive: bool
     memory: list[dict[str, Any]]
+    # With compare: the plans the other measured scores make at this sparsity, applied.
+    others: dict[str, tuple[list[KV], Evaluation]] = field(default_factory=dict)
 
     def random_mean(self, key: str) -> float | None:
         values = [getattr(e, key) for e in self.random if getattr(e, key) is not None]
@@ -298,6 +300,11 @@ class SparsityResult:
             "random_mean": {key: self.random_mean(key) for key in ("accuracy", "answer_loss", "text_loss")},
             "random_exhaustive": self.exhaustive,
             "memory": self.memory,
+            "other_methods": {
+                method: {"streaming": [list(kv) for kv in kvs], **e.to_json()}
+                for method, (kvs, e) in self.others.items()
+            }
+            or None,
         }
 
 
@@ -323,10 +330,8 @@ class KVPlan:
 
     @property
     def ranked(self) -> list[KV]:
-        """Candidates from the one that most needs the full context to the least."""
-        rows = [r for r in self.rows if r["candidate"]]
-        rows.sort(key=lambda r: -r["rank_score"])
-        return [(r["layer"], r["kv_head"]) for r in rows]
+        """Candidates from the one that most needs the full context to the least (by ``method``)."""
+        return ranking(self, self.method)
 
     def decision(self, kv: KV, result: SparsityResult) -> str:
         if kv not in self.candidates:
@@ -632,18 +637,30 @@ def _leave_one_out(
         }
 
 
-def _rank(plan: KVPlan) -> None:
-    """Order the candidates by the method's score (ties: long-range mass, then position), and store
-    a rank score in [0, 1] (1 = needs the full context most)."""
-    key = {"mass": "mass", "retrieval": "retrieval", "ablation": "ablation"}[plan.method]
+def ranking(plan: KVPlan, method: str) -> list[KV]:
+    """The candidates by ``method``'s score, from the one that most needs the full context to the
+    least (ties: the long-range mass, then the earlier layer and KV head first)."""
     rows = [r for r in plan.rows if r["candidate"]]
-    order = sorted(rows, key=lambda r: (r[key], r["mass"], -r["layer"], -r["kv_head"]))
+    order = sorted(rows, key=lambda r: (-r[method], -r["mass"], r["layer"], r["kv_head"]))
+    return [(r["layer"], r["kv_head"]) for r in order]
+
+
+def methods_of(plan: KVPlan) -> list[str]:
+    """The scores this run measured, the plan's own first (ablation only where it was run)."""
+    ablated = any(r["ablation"] is not None for r in plan.rows)
+    measured = [m for m in METHODS if m != "ablation" or ablated]
+    return [plan.method, *(m for m in measured if m != plan.method)]
+
+
+def _rank(plan: KVPlan) -> None:
+    """Store each candidate's rank score in [0, 1] under the plan's method (1 = needs the full
+    context most); KV heads that are not candidates get 1 (they keep their own bounded attention)."""
+    order = ranking(plan, plan.method)
     n = len(order)
-    for index, row in enumerate(order):
-        row["rank_score"] = index / (n - 1) if n > 1 else 1.0
+    position = {kv: index for index, kv in enumerate(order)}
     for row in plan.rows:
-        if not row["candidate"]:
-            row["rank_score"] = 1.0  # keeps the model's own (already bounded) attention
+        kv = (row["layer"], row["kv_head"])
+        row["rank_score"] = (1.0 - position[kv] / (n - 1) if n > 1 else 1.0) if kv in position else 1.0
 
 
 def verify(
@@ -654,8 +671,10 @@ def verify(
     draws: int,
     seed: int,
     progress: ProgressFactory | None,
+    compare: bool = False,
 ) -> KVPlan:
-    """Steps 2 and 3: a plan at each sparsity, applied, against random plans of the same size."""
+    """Steps 2 and 3: a plan at each sparsity, applied, against random plans of the same size.
+    ``compare``: also apply the plans the run's other scores would make, against the same draws."""
     plan = scored.plan
     inputs = scored.inputs
     ranked = plan.ranked
@@ -664,11 +683,27 @@ def verify(
     bytes_per_value = KV_DTYPES[plan.kv_dtype]
     layout = plan.layout
     contexts = sorted({max(plan.contexts), *([layout.max_positions] if layout.max_positions else [])})
+    orders = {method: ranking(plan, method) for method in (methods_of(plan) if compare else [plan.method])}
     for sparsity in sparsities:
         k = n_streaming(sparsity, n)
         streaming = sorted(ranked[n - k :]) if k else []
         heads = capture.StreamingHeads.of(streaming, plan.sink, plan.recent)
         result = evaluate(loaded, inputs, heads, progress, f"plan {sparsity:g}")
+        others: dict[str, tuple[list[KV], Evaluation]] = {}
+        for method, order in orders.items():
+            if method == plan.method:
+                continue
+            theirs = sorted(order[n - k :]) if k else []
+            if theirs == streaming:
+                others[method] = (theirs, result)
+                continue
+            label = f"{method} plan {sparsity:g}"
+            others[method] = (
+                theirs,
+                evaluate(
+                    loaded, inputs, capture.StreamingHeads.of(theirs, plan.sink, plan.recent), progress, label
+                ),
+            )
         if 0 < k < n:
             total = math.comb(n, k)
             exhaustive = total <= draws
@@ -696,6 +731,6 @@ def verify(
             memory_row(layout, c, bytes_per_value, streaming, plan.sink + plan.recent) for c in contexts
         ]
         plan.sparsities.append(
-            SparsityResult(sparsity, k, streaming, result, sets, randoms, exhaustive, memory)
+            SparsityResult(sparsity, k, streaming, result, sets, randoms, exhaustive, memory, others)
         )
     return plan

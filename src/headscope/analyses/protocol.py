@@ -118,6 +118,9 @@ class Analysis:
     json_roles: ClassVar[bool] = False
     # Rendering: a blank line after each check (several checks in a row), the role map (scan).
     spaced_checks: ClassVar[bool] = False
+    # The per-head tables of the report in the terminal (kv-plan prints its own per-KV-head table
+    # instead; the per-head rows stay in --csv and --format json).
+    print_sections: ClassVar[bool] = True
 
     def option_names(self) -> set[str]:
         """The names of the options this analysis declares."""

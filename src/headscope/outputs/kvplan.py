@@ -60,8 +60,11 @@ def print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
         f"full attention: needle accuracy {_fmt(full.accuracy)}, answer loss {_fmt(full.answer_loss)} nats, "
         f"text loss {_fmt(full.text_loss)} nats (positions past the window)"
     )
-    table = Table(title=f"KV heads that most need the full context (by {plan.method})", title_justify="left")
-    for column in ("rank", "layer", "KV", "query heads", "long-range", "95% CI", "retrieval", "95% CI"):
+    table = Table(
+        title=f"KV heads that most need the full context, by {plan.method} (mass: long-range attention mass)",
+        title_justify="left",
+    )
+    for column in ("rank", "layer", "KV", "query heads", "mass", "95% CI", "retrieval", "95% CI"):
         table.add_column(column, justify="right")
     if plan.method == "ablation":
         table.add_column("Δ loss", justify="right")
@@ -80,7 +83,7 @@ def print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
             _ci(row, "retrieval"),
         ]
         if plan.method == "ablation":
-            cells += [_fmt(row["ablation"]), _ci(row, "ablation")]
+            cells += [_fmt(row["ablation"], 2), _ci(row, "ablation")]
         table.add_row(*cells)
     console.print(table)
     if plan.agreement:
@@ -96,51 +99,57 @@ def print_plan_table(plan: Any, console: Console) -> None:
     if not plan.sparsities:
         return
     table = Table(
-        title="each plan applied, against random plans of the same size (their mean)", title_justify="left"
+        title="each plan applied, and random plans of the same size (mean of the draws)", title_justify="left"
     )
-    for column in (
-        "sparsity",
-        "streaming",
-        "needle acc",
-        "random",
-        "answer loss",
-        "random",
-        "text Δloss",
-        "random",
-    ):
+    for column in ("sparsity", "plan", "streaming", "needle acc", "answer loss", "text Δloss"):
         table.add_column(column, justify="right")
     base = plan.full.text_loss
+
+    def delta(value: float | None) -> str:
+        return "–" if value is None or base is None else f"{value - base:+.3f}"
+
     verdicts = []
     for result in plan.sparsities:
         kind, margin = verdict(result)
-        text_delta = None if result.plan.text_loss is None or base is None else result.plan.text_loss - base
-        random_text = result.random_mean("text_loss")
+        count = f"{result.n_streaming}/{len(plan.candidates)}"
         table.add_row(
             f"{result.sparsity:g}",
-            f"{result.n_streaming}/{len(plan.candidates)}",
+            plan.method,
+            count,
             _fmt(result.plan.accuracy),
-            _fmt(result.random_mean("accuracy")),
             _fmt(result.plan.answer_loss),
-            _fmt(result.random_mean("answer_loss")),
-            "–" if text_delta is None else f"{text_delta:+.3f}",
-            "–" if random_text is None or base is None else f"{random_text - base:+.3f}",
+            delta(result.plan.text_loss),
         )
+        for method, (_, other) in result.others.items():
+            table.add_row(
+                "", method, count, _fmt(other.accuracy), _fmt(other.answer_loss), delta(other.text_loss)
+            )
+        if result.random:
+            which = f"all {len(result.random)}" if result.exhaustive else f"{len(result.random)}"
+            table.add_row(
+                "",
+                f"random ×{which}" if not result.exhaustive else f"random, {which}",
+                count,
+                _fmt(result.random_mean("accuracy")),
+                _fmt(result.random_mean("answer_loss")),
+                delta(result.random_mean("text_loss")),
+                end_section=True,
+            )
+        else:
+            table.add_row(*[""] * 6, end_section=True)
         if margin is None:
             verdicts.append(f"  sparsity {result.sparsity:g}: every plan of this size is the same one")
             continue
         accuracies = [e.accuracy for e in result.random]
-        which = (
-            f"all {len(accuracies)} plans of this size"
-            if result.exhaustive
-            else f"{len(accuracies)} random plans"
-        )
+        colour = "green" if kind == "better" else "yellow"
+        loss = result.plan.answer_loss - (result.random_mean("answer_loss") or 0.0)
         verdicts.append(
-            f"  sparsity {result.sparsity:g}: plan {result.plan.accuracy:.3f} vs {which} "
-            f"{min(accuracies):.3f}–{max(accuracies):.3f} (mean {sum(accuracies) / len(accuracies):.3f}): "
-            f"{'[green]' if kind == 'better' else '[yellow]'}{kind} than random[/] ({margin:+.3f})"
+            f"  sparsity {result.sparsity:g}: plan {result.plan.accuracy:.3f}, random {min(accuracies):.3f}–"
+            f"{max(accuracies):.3f} (mean {sum(accuracies) / len(accuracies):.3f}): [{colour}]{kind} than "
+            f"random[/{colour}] (accuracy {margin:+.3f}, answer loss {loss:+.3f})"
         )
     console.print(table)
-    console.print("needle accuracy, plan against random:")
+    console.print(f"needle accuracy, the {plan.method} plan against random plans:")
     for line in verdicts:
         console.print(line)
     first = plan.sparsities[0].memory
@@ -298,6 +307,12 @@ def save_curve_png(plan: Any, path: Path) -> None:
         lows = [min((getattr(e, key) for e in r.random), default=getattr(r.plan, key)) for r in results]
         highs = [max((getattr(e, key) for e in r.random), default=getattr(r.plan, key)) for r in results]
         ax.plot(xs, plan_values, "o-", color="#2b8a3e", label=f"plan ({plan.method})")
+        others = sorted({m for r in results for m in r.others})
+        for method, colour in zip(others, ("#9c36b5", "#e03131"), strict=False):
+            values = [
+                getattr(r.others[method][1], key) if method in r.others else float("nan") for r in results
+            ]
+            ax.plot(xs, values, "d-.", color=colour, label=f"plan ({method})")
         ax.plot(
             xs,
             [m if m is not None else float("nan") for m in means],

@@ -794,7 +794,8 @@ def print_result(result: Any, console: Console, top: int, start: int = 0) -> Non
 
     analysis = get(result.analysis)
     state = result.state
-    print_report(result.report, console, top, start)
+    if analysis.print_sections:
+        print_report(result.report, console, top, start)
     print_checks(
         result.checks,
         console,
