@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out", type=Path, help="folder to write the toy, its needles and its haystack into")
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar with a rate in the docs
     args.out.mkdir(parents=True, exist_ok=True)
     save_kv_toy(args.out / "model")
     write_needles(args.out / "needles.yaml")

@@ -58,7 +58,7 @@ def files(tmp_path_factory):
     return {"data": str(needles), "haystack": str(haystack)}
 
 
-def toy_plan(toy, files, method="mass", sparsity="0.5", **options):
+def toy_plan(toy, files, method=None, sparsity="0.5", **options):
     options = {
         "sink": SINK,
         "recent": RECENT,
@@ -67,7 +67,7 @@ def toy_plan(toy, files, method="mass", sparsity="0.5", **options):
         "needles": 0,
         "resamples": 0,
         "sparsity": sparsity,
-        "method": method,
+        **({"method": method} if method else {}),
         **files,
         **options,
     }
@@ -282,3 +282,41 @@ def test_spearman_handles_ties():
     assert kvplan.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert kvplan.spearman([1, 1, 2, 2], [2, 2, 1, 1]) == pytest.approx(-1.0)
     assert math.isnan(kvplan.spearman([1, 1, 1], [1, 2, 3]))
+
+
+# --- the API, the JSON, --compare -------------------------------------------------------------------------
+
+
+def test_compare_applies_every_measured_score_against_the_same_random_plans(toy, files):
+    result, plan = toy_plan(toy, files, compare=True, sparsity="0.25,0.5")
+    assert plan.method == "retrieval"  # the default
+    for one in plan.sparsities:
+        assert set(one.others) == {"mass"}  # ablation was not measured
+        streamed, evaluation = one.others["mass"]
+        assert len(streamed) == one.n_streaming
+        assert evaluation.accuracy == 1.0
+    saved = json.loads(result.to_json())
+    record = saved["kv_plan"]
+    assert record["method"] == "retrieval"
+    assert [s["sparsity"] for s in record["sparsities"]] == [0.25, 0.5]
+    assert record["sparsities"][1]["other_methods"]["mass"]["accuracy"] == 1.0
+    assert {tuple(kv) for kv in record["sparsities"][1]["streaming"]} == toy.streaming_kv
+    again = hs.Result.from_json(saved)
+    assert again.kv_plan["sparsities"][1]["plan"]["accuracy"] == 1.0
+    assert any(check.get("kind") == "kv-plan" for check in again.checks)
+
+
+def test_kv_plan_leaves_a_borrowed_model_as_it_was(toy, files):
+    before = toy.model.config._attn_implementation
+    toy_plan(toy, files)
+    assert toy.model.config._attn_implementation == before
+    assert not toy.model.training
+
+
+def test_option_checks_come_before_the_model(toy):
+    with pytest.raises(hs.InputError, match=r"--sparsity 2: 2 is outside \[0, 1\]"):
+        hs.kv_plan("no-such-model", sparsity="2")
+    with pytest.raises(hs.InputError, match="covers the whole --context 300"):
+        hs.kv_plan("no-such-model", sink=64, recent=256, context="300")
+    with pytest.raises(hs.InputError, match="method"):
+        hs.kv_plan("no-such-model", method="gates")

@@ -487,7 +487,7 @@ def score(
         _Both(retrieval, mass_needle),
         None,
         progress,
-        "full attention",  # type: ignore[arg-type]
+        "full attention",
     )
     mass_text = LongRangeDetector(sink, recent)
     mass_text.start(layout, len(rows))

@@ -232,7 +232,7 @@ def _measure(
     loaded: LoadedModel,
     prompts: list[NeedlePrompt],
     batches: list[capture.Batch],
-    detector: RetrievalDetector | None,
+    detector: RetrievalDetector | Any | None,  # anything with update() and settle()
     ablation: capture.Ablation | None = None,
     progress: ProgressFactory | None = None,
     label: str = "",
