@@ -437,6 +437,19 @@ def score(
                 f"--context {context} is longer than {loaded.name}'s context of {limit} tokens",
                 hint=f"use at most {limit}",
             )
+    if loaded.capture_mode != "stream":
+        raise NotApplicable(
+            f"{loaded.name}: streaming heads need headscope's own attention function, and its check failed on "
+            "this model (it fell back to eager capture)"
+        )
+    text_config = (
+        loaded.model.config.get_text_config() if hasattr(loaded.model.config, "get_text_config") else None
+    )
+    if getattr(text_config, "kv_lora_rank", None):
+        raise NotApplicable(
+            f"{loaded.name} uses multi-head latent attention: its cache holds one latent per token shared by every "
+            "head, so a per-KV-head plan does not apply"
+        )
     layout = loaded.layout
     kvs = candidates(layout)
     if not kvs:
@@ -550,6 +563,11 @@ def score(
                     "rank_score": None,
                 }
             )
+    if method == "retrieval" and not any(r["retrieval"] > 0 for r in table_rows if r["candidate"]):
+        notes.append(
+            "no candidate KV head scored on retrieval (it counts only answers the model gets right under full "
+            "attention): the ranking is the long-range mass, its tie-breaker"
+        )
     plan = KVPlan(
         loaded.name,
         method,

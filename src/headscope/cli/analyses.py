@@ -32,6 +32,7 @@ from .common import (
     app,
     check_outputs,
     command_line,
+    err,
     handle_errors,
     run_analysis,
     write_html,
@@ -230,8 +231,15 @@ def kv_plan(
             write_html(html, result.html(command=command_line(), examples=False), emit.force)
 
     if out is not None:
+        from headscope.analyses.kvplan import parse_sparsities
+
         with handle_errors(emit.debug):
-            kvplan.check_plan_dir(out, emit.force)
+            stale = kvplan.check_plan_dir(out, emit.force, parse_sparsities(str(options.sparsity)))
+        for name in stale:
+            err.print(
+                f"note: --out {out}: {name}/ is an earlier run's plan; this run leaves it as it is",
+                soft_wrap=True,
+            )
     run_analysis(
         "kv-plan",
         model,

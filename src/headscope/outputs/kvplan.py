@@ -266,6 +266,11 @@ def duo_files(plan: Any) -> dict[str, str]:
         "candidates": len(plan.candidates),
         "made_by": "headscope kv-plan",
     }
+    if len(plan.candidates) < len(plan.rows):
+        meta["note"] = (
+            "KV heads of sliding-window layers are not candidates and hold 1 here; DuoAttention's quantile "
+            "over this whole matrix is then not headscope's sparsity: use the sparsity-S folders"
+        )
     out = {
         "full_attention_heads.tsv": _matrix(plan, lambda kv: scores.get(kv, 1.0)),
         "config.json": json.dumps(
@@ -344,24 +349,39 @@ def save_curve_png(plan: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def check_plan_dir(out: str | Path, force: bool = False) -> None:
+def plan_files(sparsities: Any) -> list[str]:
+    """Every file ``--out`` writes, for these sparsities."""
+    names = ["full_attention_heads.tsv", "config.json", "plan.csv", "curve.png"]
+    for sparsity in sparsities:
+        names += [f"sparsity-{sparsity:g}/full_attention_heads.tsv", f"sparsity-{sparsity:g}/config.json"]
+    return names
+
+
+def check_plan_dir(out: str | Path, force: bool = False, sparsities: Any = ()) -> list[str]:
     """Refuse, before the model loads, an --out that is a file, in a missing folder, or (without
-    --force) that already holds a plan."""
+    --force) that already holds any file the plan would write. Returns the ``sparsity-*`` folders
+    already there that this plan will not rewrite (an earlier run's)."""
     folder = Path(out).expanduser()
     if not folder.exists():
         files.check_writable(folder, "--out", force)
-        return
+        return []
     if not folder.is_dir():
         from headscope.errors import OutputError
 
         raise OutputError(f"--out {out}: is a file, not a folder", hint="give a folder path")
-    for name in ("plan.csv", "full_attention_heads.tsv", "config.json", "curve.png"):
-        files.check_writable(folder / name, "--out", force)
+    for name in plan_files(sparsities):
+        target = folder / name
+        if target.parent.is_dir() or target.parent == folder:
+            files.check_writable(target, "--out", force)
+        elif target.parent.exists():
+            files.check_writable(target, "--out", force)  # a file where the folder goes: refused
+    ours = {f"sparsity-{s:g}" for s in sparsities}
+    return sorted(p.name for p in folder.glob("sparsity-*") if p.is_dir() and p.name not in ours)
 
 
 def write_plan_dir(plan: Any, out: str | Path, force: bool = False) -> list[Path]:
     """DuoAttention's files, plan.csv and curve.png in ``out``; each written atomically."""
-    check_plan_dir(out, force=True)
+    check_plan_dir(out, True, [r.sparsity for r in plan.sparsities])
     folder = Path(out).expanduser()
     folder.mkdir(exist_ok=True)
     written = []

@@ -767,14 +767,17 @@ CHECK_PRINTERS: dict[str, Callable[[Any, Console], None]] = {
 }
 
 
-def _print_kv_plan(plan: Any, console: Console) -> None:
+def _print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
     from headscope.outputs.kvplan import print_kv_plan
 
-    print_kv_plan(plan, console)
+    print_kv_plan(plan, console, top)
 
 
-def print_checks(checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool) -> None:
-    """The causal checks: every table check in one table, then each other check by its kind's printer."""
+def print_checks(
+    checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool, top: int = 10
+) -> None:
+    """The causal checks: every table check in one table, then each other check by its kind's printer
+    (``top`` rows where the printer lists heads: kv-plan's KV heads)."""
     tables = [c.value for c in checks if c.kind == "table"]
     if tables or verified:
         k = k or max((len(t.heads) for t in tables), default=0)
@@ -782,7 +785,10 @@ def print_checks(checks: list[Any], console: Console, *, verified: bool, k: int 
         console.print()
     for check in checks:
         if check.kind != "table":
-            CHECK_PRINTERS[check.kind](check.value, console)
+            if check.kind == "kv-plan":
+                _print_kv_plan(check.value, console, top)
+            else:
+                CHECK_PRINTERS[check.kind](check.value, console)
             if spaced:
                 console.print()
 
@@ -802,6 +808,7 @@ def print_result(result: Any, console: Console, top: int, start: int = 0) -> Non
         verified=bool(state.get("verified")),
         k=state.get("k"),
         spaced=analysis.spaced_checks,
+        top=top,
     )
     if analysis.json_roles:
         print_role_map(result.report, console, state["rule"].describe())
