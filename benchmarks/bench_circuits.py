@@ -22,40 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from timing import bare, best_of
 
 from headscope.analyses.ioi import ioi
 from headscope.analyses.retrieval import build_prompts, needle_batches, score_prompts
 from headscope.data.circuits import load_haystack, load_ioi, load_retrieval
 from headscope.data.prompts import builtin
 from headscope.models import load
-
-
-def best_of(repeats: int, run) -> float:  # noqa: ANN001
-    run()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def bare(loaded, batches) -> None:  # noqa: ANN001
-    """The same model with SDPA attention, then back to headscope's streaming attention."""
-    from headscope.capture import STREAM_IMPLEMENTATION
-
-    loaded.model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            for batch in batches:
-                loaded.model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), use_cache=False
-                )
-    finally:
-        loaded.model.set_attn_implementation(STREAM_IMPLEMENTATION)
 
 
 def main() -> None:

@@ -20,38 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-import torch
+from timing import bare, best_of
 
 from headscope import capture
 from headscope.analyses import kvplan
 from headscope.data.circuits import load_haystack, load_retrieval
 from headscope.data.prompts import builtin
 from headscope.models import load
-
-
-def best_of(repeats: int, run) -> float:  # noqa: ANN001
-    run()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def bare(loaded, batches) -> None:  # noqa: ANN001
-    """The base model with SDPA attention, then back to headscope's streaming attention."""
-    loaded.model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            for batch in batches:
-                loaded.base(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), use_cache=False
-                )
-    finally:
-        loaded.model.set_attn_implementation(capture.STREAM_IMPLEMENTATION)
 
 
 def main() -> None:
@@ -89,7 +65,7 @@ def main() -> None:
         half = kvplan.n_streaming(0.5, len(plan.candidates))
         streaming = capture.StreamingHeads.of(plan.ranked[len(plan.ranked) - half :], plan.sink, plan.recent)
         times = {
-            "bare": best_of(args.repeats, lambda: bare(loaded, inputs.needle_batches)),
+            "bare": best_of(args.repeats, lambda: bare(loaded, inputs.needle_batches, lm_head=False)),
             "score": best_of(
                 args.repeats, lambda: kvplan.score(loaded, needles, haystack, haystack, **options)
             ),
