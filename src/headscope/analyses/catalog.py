@@ -388,7 +388,9 @@ class Coref(_TableChecked):
 
 
 @dataclass(kw_only=True)
-class RetrievalOptions(Stats):
+class Needles:
+    """The needle prompts' data, for retrieval and kv-plan."""
+
     data: str | Path | None = option(
         None,
         "Needles, YAML or JSONL: needle, question, answer (default: the shipped English set).",
@@ -399,6 +401,36 @@ class RetrievalOptions(Stats):
         "Filler text: .txt, or .conllu (its # text lines). Default: the shipped one for the needles' language.",
         cli_type=Path | None,
     )
+
+
+def _needle_inputs(options: Any, check_contexts: Any = None) -> dict[str, Any]:
+    """Contexts, depths, the needle set (its first ``options.needles``, when set) and the haystack,
+    read and checked before the model loads; ``check_contexts(contexts)`` runs before any file is read."""
+    from headscope.data.circuits import load_haystack, load_retrieval
+    from headscope.data.prompts import builtin
+
+    from . import retrieval as needle
+
+    contexts = needle.parse_contexts(_joined(options.context))
+    depths = needle.parse_depths(_joined(options.depths))
+    if check_contexts is not None:
+        check_contexts(contexts)
+    needle_set = load_retrieval(options.data if options.data is not None else builtin("retrieval/en.yaml"))
+    if options.needles:
+        needle_set.items = needle_set.items[: options.needles]
+    haystack = options.haystack
+    if haystack is None:
+        haystack = builtin(f"retrieval/haystack-{needle.language_of(needle_set)}.txt")
+    return {
+        "needles": needle_set,
+        "haystack": load_haystack(haystack),
+        "contexts": contexts,
+        "depths": depths,
+    }
+
+
+@dataclass(kw_only=True)
+class RetrievalOptions(Needles, Stats):
     context: str | int | list[int] = option(
         "1000", "Prompt lengths in tokens, comma-separated (e.g. 1000,2000).", cli_type=str
     )
@@ -432,30 +464,10 @@ class Retrieval(Analysis):
     takes_capture = False
 
     def check(self, options: RetrievalOptions) -> dict[str, Any]:
-        from headscope.data.circuits import load_haystack, load_retrieval
-        from headscope.data.prompts import builtin
-
-        from . import retrieval as needle
-
         check_common(options)
-        contexts = needle.parse_contexts(_joined(options.context))
-        depths = needle.parse_depths(_joined(options.depths))
-        needle_set = load_retrieval(
-            options.data if options.data is not None else builtin("retrieval/en.yaml")
-        )
-        if options.needles is not None:
-            if options.needles < 1:
-                raise InputError(f"--needles must be at least 1, got {options.needles}")
-            needle_set.items = needle_set.items[: options.needles]
-        haystack = options.haystack
-        if haystack is None:
-            haystack = builtin(f"retrieval/haystack-{needle.language_of(needle_set)}.txt")
-        return {
-            "needles": needle_set,
-            "haystack": load_haystack(haystack),
-            "contexts": contexts,
-            "depths": depths,
-        }
+        if options.needles is not None and options.needles < 1:
+            raise InputError(f"--needles must be at least 1, got {options.needles}")
+        return _needle_inputs(options)
 
     def run(self, loaded: Any, options: RetrievalOptions, prepared: dict[str, Any], progress: Any) -> Outcome:
         from . import retrieval as needle
@@ -515,7 +527,7 @@ class Retrieval(Analysis):
 
 
 @dataclass(kw_only=True)
-class KVPlanOptions(Stats):
+class KVPlanOptions(Needles, Stats):
     sparsity: str | float | list[float] = option(
         "0.25,0.5,0.75",
         "Shares of the candidate KV heads made streaming, comma-separated, each in [0, 1].",
@@ -534,16 +546,6 @@ class KVPlanOptions(Stats):
     compare: bool = option(
         False,
         "Also apply the plans that the run's other scores make, against the same random plans.",
-    )
-    data: str | Path | None = option(
-        None,
-        "Needles, YAML or JSONL: needle, question, answer (default: the shipped English set).",
-        cli_type=Path | None,
-    )
-    haystack: str | Path | None = option(
-        None,
-        "Filler text for the needle prompts: .txt or .conllu. Default: the shipped one for the needles' language.",
-        cli_type=Path | None,
     )
     text: str | Path | None = option(
         None,
@@ -581,35 +583,17 @@ class KVPlan(Analysis):
     print_sections = False
 
     def check(self, options: KVPlanOptions) -> dict[str, Any]:
-        from headscope.data.circuits import load_haystack, load_retrieval
-        from headscope.data.prompts import builtin
+        from headscope.data.circuits import load_haystack
 
         from . import kvplan
-        from . import retrieval as needle
 
         check_common(options)
         sparsities = kvplan.parse_sparsities(_joined(options.sparsity))
-        contexts = needle.parse_contexts(_joined(options.context))
-        depths = needle.parse_depths(_joined(options.depths))
-        kvplan.check_window(options.sink, options.recent, contexts)
-        needle_set = load_retrieval(
-            options.data if options.data is not None else builtin("retrieval/en.yaml")
+        prepared = _needle_inputs(
+            options, lambda contexts: kvplan.check_window(options.sink, options.recent, contexts)
         )
-        if options.needles:
-            needle_set.items = needle_set.items[: options.needles]
-        haystack_path = options.haystack
-        if haystack_path is None:
-            haystack_path = builtin(f"retrieval/haystack-{needle.language_of(needle_set)}.txt")
-        haystack = load_haystack(haystack_path)
-        text = haystack if options.text is None else load_haystack(options.text)
-        return {
-            "sparsities": sparsities,
-            "contexts": contexts,
-            "depths": depths,
-            "needles": needle_set,
-            "haystack": haystack,
-            "text": text,
-        }
+        text = prepared["haystack"] if options.text is None else load_haystack(options.text)
+        return {**prepared, "sparsities": sparsities, "text": text}
 
     def run(self, loaded: Any, options: KVPlanOptions, prepared: dict[str, Any], progress: Any) -> Outcome:
         from . import kvplan
