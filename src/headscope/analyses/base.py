@@ -12,7 +12,6 @@ import torch
 from headscope import capture, detectors
 from headscope.data.prompts import PromptSet
 from headscope.detectors.base import Detector, DetectorResult
-from headscope.detectors.kvcache import LongRangeDetector
 from headscope.errors import InputError
 from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.results import head_table, uncertainty_notes
@@ -104,10 +103,9 @@ class Report:
 
 
 def _summary(result: DetectorResult) -> str:
-    if result.detector in detectors.REGISTRY:
-        return detectors.REGISTRY[result.detector].summary
-    if result.detector == LongRangeDetector.name:  # kv-plan's score, not a role of the scan
-        return LongRangeDetector.summary
+    found = detectors.REGISTRY.get(result.detector) or detectors.SCORES.get(result.detector)
+    if found is not None:
+        return found.summary
     return SUMMARIES.get(result.relation, result.relation)
 
 

@@ -10,6 +10,7 @@ from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
 from headscope.detectors.coref import CorefDetector
 from headscope.detectors.induction import DuplicateTokenDetector, InductionDetector
+from headscope.detectors.kvcache import LongRangeDetector
 from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
 from headscope.detectors.syntax import SyntaxDetector
 
@@ -28,6 +29,11 @@ REGISTRY: dict[str, type[Detector]] = {
 }
 
 
+# Detectors that score heads without naming a role (kv-plan's long-range mass): never part of a
+# scan, but their tables are described like the roles'.
+SCORES: dict[str, type[Detector]] = {LongRangeDetector.name: LongRangeDetector}
+
+
 def create(names: list[str] | None = None) -> list[Detector]:
     """Instantiate detectors by name (all registered ones when ``names`` is None)."""
     from headscope.errors import InputError
@@ -39,4 +45,4 @@ def create(names: list[str] | None = None) -> list[Detector]:
     return [REGISTRY[n]() for n in chosen]
 
 
-__all__ = ["REGISTRY", "Detector", "DetectorResult", "RoleSpec", "create"]
+__all__ = ["REGISTRY", "SCORES", "Detector", "DetectorResult", "RoleSpec", "create"]
