@@ -135,9 +135,11 @@ def candidate_note(loaded: LoadedModel) -> str | None:
 # --- natural text ---------------------------------------------------------------------------------------
 
 
-def text_rows(loaded: LoadedModel, sentences: Sequence[str], context: int, chunks: int) -> list[list[int]]:
+def text_rows(
+    loaded: LoadedModel, sentences: Sequence[str], context: int, chunks: int
+) -> tuple[list[list[int]], list[list[bool]]]:
     """Up to ``chunks`` consecutive stretches of ``context`` tokens of the text (BOS first where the
-    tokenizer adds one)."""
+    tokenizer adds one), and their special-token masks (the BOS)."""
     tokenizer = loaded.tokenizer
     lead = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS (or nothing)
     body = context - len(lead)
@@ -148,7 +150,7 @@ def text_rows(loaded: LoadedModel, sentences: Sequence[str], context: int, chunk
         if len(ids) >= wanted:
             break
     rows = [lead + ids[i : i + body] for i in range(0, len(ids) - body + 1, body)][:chunks]
-    return rows
+    return rows, [[i < len(lead) for i in range(len(row))] for row in rows]
 
 
 # --- evaluation -------------------------------------------------------------------------------------------
@@ -459,7 +461,12 @@ def score(
     window = sink + recent
     prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
     batches = needle_batches(loaded, prompts, batch_size)
-    rows = [row for context in contexts for row in text_rows(loaded, text, context, text_chunks)]
+    rows: list[list[int]] = []
+    specials: list[list[bool]] = []
+    for context in contexts:
+        more, masks = text_rows(loaded, text, context, text_chunks)
+        rows += more
+        specials += masks
     notes = []
     if not rows:
         raise InputError(
@@ -470,10 +477,9 @@ def score(
         notes.append(
             f"natural text: {len(rows)} chunk(s) of the context length, fewer than the {text_chunks} asked for per context"
         )
-    lead = len(loaded.tokenizer("", add_special_tokens=True)["input_ids"])
     text_batches = capture.make_batches(
         rows,
-        [[i < lead for i in range(len(r))] for r in rows],
+        specials,
         batch_size=batch_size,
         pad_id=_pad_id(loaded),
         is_causal=True,
