@@ -223,9 +223,8 @@ def kv_plan(
     from headscope.outputs import kvplan
 
     def after(result: Any) -> None:
-        plan = result.checks[0].value
         if out is not None:
-            written = kvplan.write_plan_dir(plan, out, emit.force)
+            written = kvplan.write_plan_dir(result.kv_plan, out, emit.force)
             wrote(Path(out), f"{len(written)} files to ")
         if html is not None:
             write_html(html, result.html(command=command_line(), examples=False), emit.force)

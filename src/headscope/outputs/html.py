@@ -302,13 +302,9 @@ def _fmt(value: float | None, digits: int = 3, sign: str = "") -> str:
 
 
 def _size(value: float | None) -> str:
-    if value is None:
-        return "\u2014"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
+    from headscope.outputs.kvplan import human_bytes
+
+    return "\u2014" if value is None else human_bytes(value)
 
 
 _KV_CSS = """/* KV-cache plan (kv-plan reports only) */
@@ -499,8 +495,7 @@ def _kv_section(plan: dict[str, Any]) -> str:
 def render(data: dict) -> str:
     """The whole report as one HTML document (a string)."""
     check_data(data)
-    title = _html.escape(data["title"])
-    title = re.sub(r"(?i)(https?):", r"\1&#58;", title)
+    title = _text(data["title"])
     css = _asset("report.css")
     js = _asset("report.js")
     kv_plan = data.get("kv_plan")

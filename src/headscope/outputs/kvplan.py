@@ -26,7 +26,8 @@ def _ci(row: dict[str, Any], key: str) -> str:
     return "n/a" if low is None or high is None else f"{low:.2f}–{high:.2f}"
 
 
-def _bytes(value: float) -> str:
+def human_bytes(value: float) -> str:
+    """A byte count in B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
@@ -159,7 +160,7 @@ def print_plan_table(plan: Any, console: Console) -> None:
             f"{m['saved_share']:.0%} ({m['reduction']:.2f}x) at {m['context']} tokens" for m in result.memory
         ]
         lines.append(f"  sparsity {result.sparsity:g}: saves " + ", ".join(parts))
-    full = ", ".join(f"{_bytes(m['full_bytes'])} at {m['context']} tokens" for m in first)
+    full = ", ".join(f"{human_bytes(m['full_bytes'])} at {m['context']} tokens" for m in first)
     console.print(f"KV cache per sequence ({plan.kv_dtype}, computed from the layout): full {full}")
     for line in lines:
         console.print(line)
