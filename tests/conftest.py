@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -87,6 +89,22 @@ def repeat_kv_order(n_heads: int, n_kv_heads: int) -> list[int]:
 
     kv = torch.arange(n_kv_heads, dtype=torch.float32).view(1, n_kv_heads, 1, 1)
     return repeat_kv(kv, n_heads // n_kv_heads)[0, :, 0, 0].long().tolist()
+
+
+def load_module(path: Path, name: str):
+    """A script outside the package (scripts/docs.py, tests/toy/kv_toy.py) imported once as module
+    ``name``, registered in ``sys.modules`` first (dataclasses look their module up by name)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def kv_toy_module():
+    """tests/toy/kv_toy.py: the hand-built KV toy with planted retrieval and streaming heads."""
+    return load_module(ROOT / "tests" / "toy" / "kv_toy.py", "headscope_kv_toy")
 
 
 def word_tokenizer(size: int):

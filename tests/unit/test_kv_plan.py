@@ -10,15 +10,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import kv_toy_module
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import headscope as hs
@@ -27,20 +26,7 @@ from headscope.analyses import kvplan
 from headscope.models import HeadLayout
 from headscope.outputs.kvplan import plan_csv, write_plan_dir
 
-KV_TOY = Path(__file__).resolve().parents[1] / "toy" / "kv_toy.py"
-_NAME = "headscope_kv_toy"
-
-
-def _kv_toy_module():
-    if _NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(_NAME, KV_TOY)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_NAME] = module
-        spec.loader.exec_module(module)
-    return sys.modules[_NAME]
-
-
-kv = _kv_toy_module()
+kv = kv_toy_module()
 SINK, RECENT = 4, 16
 
 

@@ -7,30 +7,14 @@ retrieves.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import kv_toy_module
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from headscope.data.circuits import load_haystack, load_retrieval
 
-KV_TOY = Path(__file__).resolve().parents[1] / "toy" / "kv_toy.py"
-_NAME = "headscope_kv_toy"
-
-
-def load_kv_toy_module():
-    if _NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(_NAME, KV_TOY)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_NAME] = module  # dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[_NAME]
-
-
-kv = load_kv_toy_module()
+kv = kv_toy_module()
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75)
 N_NEEDLES = 6
