@@ -372,6 +372,17 @@ def _kv_best(
     return float(scores[layer, best]), float(low[layer, best]), float(high[layer, best]), heads
 
 
+def _table_arrays(table: Any, detector: str, layout: HeadLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[L, H] score, 95% low and high of one detector's rows in the report's tidy table (NaN where
+    the table has no interval)."""
+    arrays = [np.full((layout.n_layers, layout.n_heads), np.nan) for _ in range(3)]
+    rows = table[table["detector"] == detector]
+    layers, heads = rows["layer"].to_numpy(int), rows["head"].to_numpy(int)
+    for array, column in zip(arrays, ("score", "ci_low", "ci_high"), strict=True):
+        array[layers, heads] = rows[column].to_numpy(float)
+    return arrays[0], arrays[1], arrays[2]
+
+
 def _pooled(results: Sequence[Any], n_resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sums = torch.cat([r.sums for r in results])
     counts = torch.cat([r.counts for r in results])
@@ -540,10 +551,7 @@ def score(
     mass = _pooled([needle_result, text_result], n_resamples, seed)
     m_needle = needle_result.scores().numpy()
     m_text = text_result.scores().numpy()
-    r_score = retrieval_result.scores().numpy()
-    r_low, r_high, _ = bootstrap_ratio(
-        retrieval_result.sums, retrieval_result.counts, n_resamples=n_resamples, seed=seed
-    )
+    r_score, r_low, r_high = _table_arrays(report.table, "retrieval", layout)  # bootstrapped once, there
     table_rows = []
     for layer in layout.attention_layers:
         for kv in range(layout.n_kv_heads):
@@ -701,13 +709,13 @@ def verify(
     ``compare``: also apply the plans the run's other scores would make, against the same draws."""
     plan = scored.plan
     inputs = scored.inputs
-    ranked = plan.ranked
+    orders = {method: ranking(plan, method) for method in (methods_of(plan) if compare else [plan.method])}
+    ranked = orders[plan.method]
     n = len(ranked)
     rng = random.Random(seed)
     bytes_per_value = KV_DTYPES[plan.kv_dtype]
     layout = plan.layout
     contexts = sorted({max(plan.contexts), *([layout.max_positions] if layout.max_positions else [])})
-    orders = {method: ranking(plan, method) for method in (methods_of(plan) if compare else [plan.method])}
     for sparsity in sparsities:
         k = n_streaming(sparsity, n)
         streaming = sorted(ranked[n - k :]) if k else []
