@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headscope.analyses import catalog  # noqa: F401  (registers the analyses)
+import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
 from headscope.analyses.base import ProgressFactory
 from headscope.analyses.protocol import ANALYSES, flag_of, get
 from headscope.api.result import AttentionMap, Result
