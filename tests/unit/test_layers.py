@@ -36,7 +36,13 @@ LAYERS: list[tuple[int, list[str]]] = [
     (7, ["api"]),
     (8, ["cli"]),
 ]
-LEAF_MODULES = {"headscope", "headscope.errors", "headscope.files", "headscope.rolespec"}
+LEAF_MODULES = {
+    "headscope",
+    "headscope.errors",
+    "headscope.files",
+    "headscope.registry",
+    "headscope.rolespec",
+}
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.
 ROOT_LEAF_NAMES = {"__version__"}

@@ -19,6 +19,7 @@ The registry (:data:`ANALYSES`) serves the API (``hs.scan``, …), the CLI and t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -81,7 +82,7 @@ HELP_SKIP_BAD = "Skip malformed sentences/examples (and count them) instead of s
 @dataclass(kw_only=True)
 class Stats:
     resamples: int = option(1000, HELP_RESAMPLES, check=check_resamples)
-    seed: int = option(0, HELP_SEED)
+    seed: int = option(0, HELP_SEED, check=lambda value: check_seed(value))
 
 
 @dataclass(kw_only=True)
@@ -222,17 +223,20 @@ def _describe(kind: Any) -> str:
     return re.sub(r"<class '(\w+)'>", r"\1", text)
 
 
-def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any) -> Any:
-    """One option value checked against its annotation, range and choices: InputError naming it."""
+def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any, *, cli: bool = False) -> Any:
+    """One option value checked against its annotation, range, choices and its own ``check``: the
+    one place every entry (API, CLI, sweep, plugin) checks an option. InputError naming the keyword
+    (``scan: role_threshold=nan``), or, from the CLI (``cli``), the value after typer's "--flag"."""
     ok, value = _accepts(kind, value)
-    where = f"{analysis}: {field.name}={value!r}"
+    where = f"{value}" if cli else f"{analysis}: {field.name}={value!r}"
+    hint = None if cli else f"{flag_of(field)}: {field.metadata['help']}"
     if not ok:
-        raise InputError(
-            f"{where}: expected {_describe(kind)}", hint=f"{flag_of(field)}: {field.metadata['help']}"
-        )
+        raise InputError(f"{where}: expected {_describe(kind)}", hint=hint)
     meta = field.metadata
     if meta.get("choices") and value not in meta["choices"]:
         raise InputError(f"{where}: choose from {', '.join(meta['choices'])}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{where}: must be a finite number", hint=hint)
     if isinstance(value, int | float) and not isinstance(value, bool):
         if meta.get("min") is not None and value < meta["min"]:
             raise InputError(f"{where}: must be at least {meta['min']:g}")
@@ -241,6 +245,48 @@ def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any) 
     if meta.get("check") is not None and value is not None:
         meta["check"](value)
     return value
+
+
+# torch.Generator.manual_seed and numpy's default_rng both take a seed in [0, 2**63): one range for both.
+SEED_RANGE = (0, 2**63 - 1)
+
+
+def check_seed(value: int) -> None:
+    """A seed torch and numpy both accept, refused before any forward pass."""
+    low, high = SEED_RANGE
+    if not low <= value <= high:
+        raise InputError(f"seed {value}: a seed must be between {low} and 2**63 - 1")
+
+
+def execute(
+    analysis: Analysis,
+    loaded: Any,
+    options: Any,
+    prepared: Any,
+    progress: ProgressFactory | None,
+    *,
+    verify: bool = True,
+) -> Outcome:
+    """The one path every entry takes (``hs.run``, the CLI through it, and the sweep's workers):
+    borrow the model, check the decompositions the run reports from on the model itself, run,
+    record what was checked, then the causal check when the options ask for it (and ``verify``: a
+    sweep stores tables only).
+
+    A model whose attention maps do not reproduce it is refused here, the same way from every entry.
+    """
+    from headscope.capture import checks
+    from headscope.capture import prepared as borrowed
+
+    with borrowed(loaded):
+        checks.require(loaded, *analysis.views(loaded, options))
+        outcome = analysis.run(loaded, options, prepared, progress)
+        # Every decomposition checked on this model (the run's own, and any its parts asked for).
+        outcome.extra_json["conformance"] = {
+            view: found.to_json() for view, found in sorted(checks.checked(loaded).items())
+        }
+        if verify and analysis.wants_verify(options):
+            outcome.checks = list(analysis.verify(loaded, outcome, options, progress))
+    return outcome
 
 
 def check_common(options: Any) -> None:

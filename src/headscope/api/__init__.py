@@ -24,7 +24,7 @@ from typing import Any
 
 import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
 from headscope.analyses.base import ProgressFactory
-from headscope.analyses.protocol import ANALYSES, flag_of, get
+from headscope.analyses.protocol import ANALYSES, execute, flag_of, get
 from headscope.api.result import AttentionMap, Result
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
@@ -154,18 +154,8 @@ def run(
     )
     if on_loaded is not None:
         on_loaded(loaded)
-    from headscope.capture import checks
-    from headscope.capture import prepared as borrowed
-
-    with progress_option(progress) as advance, borrowed(loaded):
-        checks.require(loaded, *chosen.views(loaded, values))
-        outcome = chosen.run(loaded, values, prepared, advance)
-        # Every decomposition checked on this model (the run's own, and any its parts asked for).
-        outcome.extra_json["conformance"] = {
-            view: found.to_json() for view, found in sorted(checks.checked(loaded).items())
-        }
-        if chosen.wants_verify(values):
-            outcome.checks = list(chosen.verify(loaded, outcome, values, advance))
+    with progress_option(progress) as advance:
+        outcome = execute(chosen, loaded, values, prepared, advance)
     return Result(analysis, outcome=outcome, options=values, loaded=loaded)
 
 

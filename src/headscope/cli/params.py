@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from headscope.analyses.protocol import flag_of
+from headscope.analyses.protocol import check_value, flag_of
 from headscope.errors import HeadscopeError
 
 _ENUMS: dict[tuple[str, tuple[str, ...]], type[Enum]] = {}
@@ -49,20 +49,20 @@ def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Param
     flags = flag_of(field)
     names = flags if isinstance(flags, tuple) else (flags,)
     extra: dict[str, Any] = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
-    if meta.get("check") is not None:
-        extra["callback"] = _callback(meta["check"])
+    extra["callback"] = _callback(field, hints[field.name])
     option = typer.Option(*names, help=meta.get("help"), **extra)
     return inspect.Parameter(
         field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
     )
 
 
-def _callback(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A value check that raises HeadscopeError, as a typer callback (usage error, exit 2)."""
+def _callback(field: dataclasses.Field, kind: Any) -> Callable[[Any], Any]:
+    """The option's one check (:func:`headscope.analyses.protocol.check_value`: type, range, choices,
+    NaN and infinity, its own ``check``), as a typer callback (usage error naming the flag, exit 2)."""
 
     def callback(value: Any) -> Any:
         try:
-            check(value)
+            check_value("", field, kind, _plain(value), cli=True)
         except HeadscopeError as exc:
             raise typer.BadParameter(str(exc)) from None
         return value

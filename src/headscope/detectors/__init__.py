@@ -1,10 +1,14 @@
 """The detector registry: every head role headscope knows, keyed by name.
 
-A new attention-pattern role is one detector module (the class, with its RoleSpec), one line here,
-and its test: the role rule, the role map, the legends and ``--verify`` read the spec from here.
+A new attention-pattern role is one declaration (a :class:`TargetDetector`, or a ``Detector``
+subclass with its RoleSpec) added here, by a plugin's entry point (group ``headscope.detectors``),
+or at run time by ``hs.register``; the scan, the role rule, the role map, the legends, the reports
+and ``--verify`` read everything from :data:`REGISTRY`.
 """
 
 from __future__ import annotations
+
+from typing import Any, Union
 
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
@@ -13,20 +17,50 @@ from headscope.detectors.induction import DuplicateTokenDetector, InductionDetec
 from headscope.detectors.kvcache import LongRangeDetector
 from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
 from headscope.detectors.syntax import SyntaxDetector
+from headscope.detectors.target import PatternDetector, TargetDetector, Targets, check_name, check_source
+from headscope.errors import InputError
+from headscope.registry import Registry
 
-REGISTRY: dict[str, type[Detector]] = {
-    cls.name: cls
-    for cls in (
-        PreviousTokenDetector,
-        DuplicateTokenDetector,
-        InductionDetector,
-        SinkDetector,
-        SyntaxDetector,
-        CorefDetector,
-        IOIAttentionDetector,
-        RetrievalDetector,
+# The scan's parts that run their own detectors on their own data (syntax(), coref(), ioi(), …).
+BUILT_IN_PARTS = ("treebank", "coref", "ioi", "retrieval")
+# A detector is declared either as a Detector subclass (the full contract: syntax, coreference) or
+# as a declaration instance (TargetDetector, PatternDetector); calling either gives a fresh one to run.
+Declaration = Union[type[Detector], Detector]
+
+
+def _accept(obj: Any) -> Declaration:
+    """``obj`` if it declares a detector, else TypeError saying what a declaration is."""
+    if isinstance(obj, type) and issubclass(obj, Detector):
+        if getattr(obj, "__abstractmethods__", None):
+            raise TypeError(
+                f"detector class {obj.__name__} does not implement {', '.join(sorted(obj.__abstractmethods__))}"
+            )
+        for attribute in ("name", "summary"):
+            if not isinstance(getattr(obj, attribute, None), str):
+                raise TypeError(f"detector class {obj.__name__} declares no {attribute}")
+        check_name(obj.name)
+        if obj.default_source not in BUILT_IN_PARTS:  # the scan's own parts read their own sets
+            check_source(obj.default_source, obj.name)
+        return obj
+    if isinstance(obj, Detector) and callable(obj):
+        return obj
+    raise TypeError(
+        f"{obj!r} is not a detector: give a headscope.TargetDetector, or a headscope.Detector subclass"
     )
-}
+
+
+REGISTRY: Registry[Declaration] = Registry("detector", "headscope.detectors", _accept, lambda d: d.name)
+for _builtin in (
+    PreviousTokenDetector,
+    DuplicateTokenDetector,
+    InductionDetector,
+    SinkDetector,
+    SyntaxDetector,
+    CorefDetector,
+    IOIAttentionDetector,
+    RetrievalDetector,
+):
+    REGISTRY.add_builtin(_builtin)
 
 
 # Detectors that score heads without naming a role (kv-plan's long-range mass): never part of a
@@ -35,14 +69,33 @@ SCORES: dict[str, type[Detector]] = {LongRangeDetector.name: LongRangeDetector}
 
 
 def create(names: list[str] | None = None) -> list[Detector]:
-    """Instantiate detectors by name (all registered ones when ``names`` is None)."""
-    from headscope.errors import InputError
+    """Instantiate detectors by name (all the scan can run when ``names`` is None).
 
-    chosen = list(REGISTRY) if names is None else names
+    A pattern detector (``hs.detect``) is registered for its tables' role and legend, but it holds
+    one pattern per prompt of its own, so it never runs in a scan."""
+    scannable = [name for name, found in REGISTRY.items() if not isinstance(found, PatternDetector)]
+    chosen = scannable if names is None else names
     unknown = [n for n in chosen if n not in REGISTRY]
     if unknown:
-        raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(REGISTRY)}")
+        raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(scannable)}")
+    own = [n for n in chosen if n not in scannable]
+    if own:
+        raise InputError(
+            f"detector {', '.join(own)} scores the prompts its pattern was made for (hs.detect), not a scan's data",
+            hint="run hs.detect again, or declare a TargetDetector to scan",
+        )
     return [REGISTRY[n]() for n in chosen]
 
 
-__all__ = ["REGISTRY", "SCORES", "Detector", "DetectorResult", "RoleSpec", "create"]
+__all__ = [
+    "REGISTRY",
+    "SCORES",
+    "Declaration",
+    "Detector",
+    "DetectorResult",
+    "PatternDetector",
+    "RoleSpec",
+    "TargetDetector",
+    "Targets",
+    "create",
+]

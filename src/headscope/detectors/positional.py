@@ -6,6 +6,7 @@ import torch
 
 from headscope.capture import Batch
 from headscope.detectors.base import Detector, RoleSpec
+from headscope.detectors.target import Targets, TargetDetector
 
 PREVIOUS_TOKEN_ROLE = RoleSpec(
     "prev", "previous-token", "#4dabf7", "cyan", data="natural text", verify="later-copies"
@@ -17,29 +18,21 @@ SINK_ROLE = RoleSpec(
 )
 
 
-class PreviousTokenDetector(Detector):
-    name = "previous-token"
-    summary = "attention from position i to i-1, averaged over positions whose previous token is not special"
-    default_source = "text"
-    role = PREVIOUS_TOKEN_ROLE
+def previous_token_targets(batch: Batch) -> Targets:
+    """(rows, queries, keys) with k = q - 1, for queries q >= 1 where both q and q - 1 hold real,
+    non-special tokens (BOS/CLS/pad excluded)."""
+    content = batch.content
+    rows, previous = (content[:, 1:] & content[:, :-1]).nonzero(as_tuple=True)
+    return rows, previous + 1, previous
 
-    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
-        first, stop = max(q_start, 1), q_start + attn.shape[2]
-        if first >= stop:
-            return
-        content = batch.content
-        # Query i >= 1 with both i and i-1 real, non-special tokens (BOS/CLS/pad excluded).
-        query_mask = (content[:, first:stop] & content[:, first - 1 : stop - 1]).to(attn.dtype)
-        # Local row j holds query q_start + j; its previous token is key q_start + j - 1.
-        to_previous = attn.diagonal(offset=q_start - 1, dim1=2, dim2=3)  # [B, H, stop - first]
-        per_head = (to_previous * query_mask[:, None, :]).sum(-1)
-        # Uniform attention over the keys this layer's mask leaves visible puts 1/n on i-1 (if visible).
-        keys = attn.shape[3]
-        visible = batch.visible(q_start, stop, keys)
-        local = torch.arange(first - q_start, stop - q_start, device=attn.device)
-        previous_open = visible[:, local, local + q_start - 1].to(attn.dtype)
-        baseline = (query_mask * previous_open / batch.visible_count(q_start, stop, keys)[:, local]).sum(-1)
-        self._accumulate(layer, batch, per_head, query_mask.sum(-1), baseline)
+
+PreviousTokenDetector = TargetDetector(
+    "previous-token",
+    targets=previous_token_targets,
+    summary="attention from position i to i-1, averaged over positions whose previous token is not special",
+    source="text",
+    role=PREVIOUS_TOKEN_ROLE,
+)
 
 
 class SinkDetector(Detector):

@@ -46,8 +46,7 @@ def run_task(task: Task) -> Outcome:
 def _analyse(task: Task) -> dict[str, Any]:
     """One run: the analysis from the registry, with the options it declares (the sweep's others are
     for the other analyses)."""
-    from headscope.analyses.protocol import get
-    from headscope.capture import prepared
+    from headscope.analyses.protocol import execute, get
     from headscope.models import load
     from headscope.verdicts.results import CSV_COLUMNS
 
@@ -60,8 +59,9 @@ def _analyse(task: Task) -> dict[str, Any]:
     options = analysis.take(values)
     prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
-    with prepared(loaded):
-        report = analysis.run(loaded, options, prepared_input, None).report
+    # The one path (analyses.protocol.execute): the same conformance checks and refusals as hs.run
+    # and the CLI; a sweep stores tables, so the causal check is off (as it always was here).
+    report = execute(analysis, loaded, options, prepared_input, None, verify=False).report
     table = report.table[CSV_COLUMNS]
     rows = [
         {key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}

@@ -1,0 +1,156 @@
+"""One registry per kind of extension (detectors, analyses): built-ins, pip-installed plugins, and
+what a notebook registers at run time, behind one mapping that every reader uses.
+
+A plugin is a package that declares an entry point in the group of the kind::
+
+    [project.entry-points."headscope.detectors"]
+    closing-bracket = "headscope_brackets:CLOSING_BRACKET"
+
+The object an entry point names is a declaration (or a list of them). Plugins load on the first
+read of the registry, not when headscope is imported. A plugin that fails to import, names
+something that is not a declaration, or takes a name that is already taken, is named in one
+warning (:class:`PluginWarning`) and left out; it never stops the other commands.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from headscope.errors import InputError
+
+T = TypeVar("T")
+
+
+class PluginWarning(UserWarning):
+    """A plugin that was left out, and why (the CLI prints it as one line on stderr)."""
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Name -> declaration, in order: built-ins, then plugins (by entry point), then run-time ones.
+
+    ``accept(obj)`` returns the declaration to keep (it may instantiate a class), or raises
+    TypeError/InputError saying why ``obj`` is not one; ``name_of`` reads its name.
+    """
+
+    def __init__(
+        self, kind: str, group: str, accept: Callable[[Any], T], name_of: Callable[[T], str]
+    ) -> None:
+        self.kind, self.group = kind, group
+        self._accept, self._name_of = accept, name_of
+        self._builtin: dict[str, T] = {}
+        self._plugins: dict[str, T] = {}
+        self._runtime: dict[str, T] = {}
+        self._origin: dict[str, str] = {}  # name -> the package it came from (plugins)
+        self._loaded = False
+
+    # --- adding ---------------------------------------------------------------------------------
+    def add_builtin(self, obj: Any) -> T:
+        found = self._accept(obj)
+        self._builtin[self._name_of(found)] = found
+        return found
+
+    def register(self, obj: Any) -> T:
+        """Add ``obj`` at run time (``hs.register``). Taking a built-in's or a plugin's name is
+        refused; registering the same name again replaces the earlier run-time one (a notebook
+        cell run twice)."""
+        found = self._accept(obj)
+        name = self._name_of(found)
+        self._load()
+        if name in self._builtin:
+            raise InputError(
+                f"{self.kind} {name!r} is a built-in {self.kind}", hint="choose another name for yours"
+            )
+        if name in self._plugins:
+            raise InputError(
+                f"{self.kind} {name!r} is already defined by the plugin {self._origin[name]}",
+                hint="choose another name for yours",
+            )
+        self._runtime[name] = found
+        return found
+
+    def unregister(self, name: str) -> None:
+        """Remove a run-time registration (built-ins and plugins stay)."""
+        if name not in self._runtime:
+            raise InputError(f"{self.kind} {name!r} was not registered at run time")
+        del self._runtime[name]
+
+    def origin(self, name: str) -> str:
+        """'built-in', 'plugin PACKAGE' or 'registered at run time'."""
+        self._load()
+        if name in self._builtin:
+            return "built-in"
+        if name in self._plugins:
+            return f"plugin {self._origin[name]}"
+        return "registered at run time"
+
+    # --- plugins --------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=self.group):
+            package = f"{point.dist.name} {point.dist.version}" if point.dist is not None else point.value
+            where = f"plugin {package} ({self.group}: {point.name} = {point.value})"
+            try:
+                loaded = point.load()
+            except Exception as exc:  # noqa: BLE001 - a broken plugin is named and skipped
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                _warn(f"{where} failed to import ({type(exc).__name__}: {first}); left out")
+                continue
+            for obj in loaded if isinstance(loaded, list | tuple) else [loaded]:
+                try:
+                    found = self._accept(obj)
+                except (TypeError, InputError) as exc:
+                    _warn(f"{where}: {str(exc).splitlines()[0]}; left out")
+                    continue
+                name = self._name_of(found)
+                if name in self._builtin:
+                    _warn(f"{where}: {self.kind} {name!r} collides with a built-in {self.kind}; left out")
+                elif name in self._plugins:
+                    _warn(
+                        f"{where}: {self.kind} {name!r} is already defined by {self._origin[name]}; left out"
+                    )
+                else:
+                    self._plugins[name] = found
+                    self._origin[name] = package
+
+    # --- reading --------------------------------------------------------------------------------
+    def _all(self) -> dict[str, T]:
+        self._load()
+        return {**self._builtin, **self._plugins, **self._runtime}
+
+    def __getitem__(self, name: str) -> T:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._all()
+
+    def __setitem__(self, name: str, obj: Any) -> None:
+        """Put ``obj`` under ``name`` for this process, over any other of that name (tests patch
+        the registry this way; users call :meth:`register`, which refuses to shadow)."""
+        self._load()
+        self._runtime[name] = self._accept(obj)
+
+    def __delitem__(self, name: str) -> None:
+        for layer in (self._runtime, self._plugins, self._builtin):
+            if name in layer:
+                del layer[name]
+                return
+        raise KeyError(name)
+
+    def builtins(self) -> dict[str, T]:
+        return dict(self._builtin)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"headscope: {message}", PluginWarning, stacklevel=3)
