@@ -8,7 +8,7 @@ and ``--verify`` read everything from :data:`REGISTRY`.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
@@ -25,7 +25,7 @@ from headscope.registry import Registry
 BUILT_IN_PARTS = ("treebank", "coref", "ioi", "retrieval")
 # A detector is declared either as a Detector subclass (the full contract: syntax, coreference) or
 # as a declaration instance (TargetDetector, PatternDetector); calling either gives a fresh one to run.
-Declaration = Union[type[Detector], Detector]
+Declaration = type[Detector] | Detector
 
 
 def _accept(obj: Any) -> Declaration:

@@ -6,7 +6,7 @@ import torch
 
 from headscope.capture import Batch
 from headscope.detectors.base import Detector, RoleSpec
-from headscope.detectors.target import Targets, TargetDetector
+from headscope.detectors.target import TargetDetector, Targets
 
 PREVIOUS_TOKEN_ROLE = RoleSpec(
     "prev", "previous-token", "#4dabf7", "cyan", data="natural text", verify="later-copies"
