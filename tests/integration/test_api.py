@@ -262,7 +262,7 @@ def test_option_values_are_checked_before_loading():
         hs.ioi("no-such-model", capture="eager")
     # An empty --detectors means all of them, as on the command line.
     options, prepared = hs.plan("scan", detectors="")
-    assert prepared["names"] is None
+    assert prepared.names is None
 
 
 def test_a_loaded_model_keeps_its_settings(toy):

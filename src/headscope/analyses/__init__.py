@@ -1,5 +1,17 @@
 """Analyses: run the model over a data set and call detectors and verdicts (scan, induction, syntax, coref, ablation)."""
 
+# Each analysis is one module (options, check, run, verify, JSON), and importing it registers it in
+# analyses.protocol.ANALYSES, which serves the API, the CLI and the sweep. They register in the order
+# of these imports, the order of the CLI's help and the docs: each module imports at its top only the
+# analyses before it (scan imports the others where it uses them).
+# isort: off
+from headscope.analyses.scan import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS, scan
+from headscope.analyses.induction import CopyLossMeter, induction
+from headscope.analyses.syntax import check_relations, syntax
+from headscope.analyses.coref import coref
+from headscope.analyses import retrieval, kvplan, ioi, weights  # noqa: F401
+
+# isort: on
 from headscope.analyses.ablation import (
     AblationResult,
     Head,
@@ -21,10 +33,6 @@ from headscope.analyses.base import (
     repeated_tokens,
     score_batches,
 )
-from headscope.analyses.coref import coref
-from headscope.analyses.induction import CopyLossMeter, induction
-from headscope.analyses.scan import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS, scan
-from headscope.analyses.syntax import check_relations, syntax
 from headscope.verdicts.heads import random_control, top_heads
 
 __all__ = [
@@ -57,6 +65,3 @@ __all__ = [
     "top_heads",
     "verify",
 ]
-
-# The analyses behind the API, the CLI and the sweep register themselves (analyses.protocol.ANALYSES).
-from headscope.analyses import catalog  # noqa: E402, F401, I001

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from headscope.data.align import AlignmentError, encode_with_spans, precedes, share_a_token
-from headscope.data.prompts import CorefSet, display_path, load_coref
+from headscope.data.prompts import CorefSet, builtin, display_path, load_coref
 from headscope.detectors.coref import CorefDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.verdicts.stats import check_resamples
 
 from .base import ProgressFactory, Report, _prompt_set_report, check_context, model_batches, score_batches
+from .checks import _TableChecked
+from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register
+from .scan import DEFAULT_COREF_SETS
 
 
 def _nearest(pronoun: tuple[int, int], candidates: Sequence[tuple[int, int]], visible: Sequence[bool]) -> int:
@@ -94,3 +99,38 @@ def coref(
     results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
     description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
     return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
+
+
+# --- the analysis: options, check, run, verify (the table's ablation), JSON -------------------------
+
+
+@dataclass(kw_only=True)
+class CorefOptions(Stats):
+    data: str | Path | None = option(
+        None, "Coreference set, YAML or JSONL (default: the shipped English set).", cli_type=Path | None
+    )
+    skip_bad: bool = option(False, HELP_SKIP_BAD)
+    batch_size: int = option(8, HELP_BATCH, min=1)
+
+
+@register
+class Coref(_TableChecked):
+    name = "coref"
+    summary = "Coreference heads: does the pronoun attend most to its antecedent?"
+    options = CorefOptions
+
+    def check(self, options: CorefOptions) -> CorefSet:
+        check_common(options)
+        data = options.data if options.data is not None else builtin(DEFAULT_COREF_SETS[0])
+        return load_coref(data, skip_bad=options.skip_bad)
+
+    def run(self, loaded: Any, options: CorefOptions, prepared: CorefSet, progress: Any) -> Outcome:
+        report = coref(
+            loaded,
+            prepared,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        return Outcome(report)

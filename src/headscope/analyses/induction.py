@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from headscope import capture, detectors
 from headscope.errors import InputError
 from headscope.models import LoadedModel
+from headscope.verdicts.heads import top_heads
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 from headscope.verdicts.stats import check_resamples
@@ -21,6 +25,19 @@ from .base import (
     model_batches,
     repeated_tokens,
     score_batches,
+)
+from .checks import Check, _one_check, _too_many
+from .protocol import (
+    HELP_ABLATION,
+    HELP_BATCH,
+    HELP_DRAWS,
+    Analysis,
+    Outcome,
+    Repeat,
+    Stats,
+    check_common,
+    option,
+    register,
 )
 
 
@@ -97,3 +114,65 @@ def induction(
         repeat=(spec, offset),
         layout=loaded.layout,
     )
+
+
+# --- the analysis: options, check, run, verify, JSON ------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class InductionOptions(Repeat, Stats):
+    bos: bool | None = option(
+        None, "Prepend BOS (CLS/SEP for encoders). Default: when defined.", flag="--bos/--no-bos"
+    )
+    ablate: int = option(0, "Ablate the top-K induction heads and K random controls.", min=0)
+    ablation: str = option("zero", HELP_ABLATION, choices=("zero", "mean"))
+    draws: int = option(5, HELP_DRAWS, min=1)
+    batch_size: int = option(16, HELP_BATCH, min=1)
+
+
+@register
+class Induction(Analysis):
+    name = "induction"
+    summary = "Repeated random tokens: induction and duplicate-token heads, and loss on each copy."
+    options = InductionOptions
+
+    def check(self, options: InductionOptions) -> None:
+        check_common(options)
+        options.repeat_spec(options.seed, options.bos).validate()
+        if options.ablate < 0:
+            raise InputError(f"--ablate must be at least 0, got {options.ablate}")
+
+    def run(self, loaded: Any, options: InductionOptions, prepared: None, progress: Any) -> Outcome:
+        if options.ablate:
+            _too_many(loaded, options.ablate, "--ablate", "a random control of the same size")
+        spec = options.repeat_spec(options.seed, options.bos)
+        report = induction(
+            loaded, spec, batch_size=options.batch_size, n_resamples=options.resamples, progress=progress
+        )
+        return Outcome(report, state={"spec": spec})
+
+    def wants_verify(self, options: InductionOptions) -> bool:
+        return options.ablate > 0
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: InductionOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        from .ablation import ablate  # ablation imports this module (CopyLossMeter)
+
+        k = k or options.ablate or 3
+        _too_many(loaded, k, "--ablate", "a random control of the same size")
+        heads = top_heads(outcome.report.table, "induction", k)
+        effect = ablate(
+            loaded,
+            outcome.state["spec"],
+            heads,
+            mode=options.ablation,
+            draws=options.draws,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            progress=progress,
+        )
+        return [Check("induction", effect)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"ablation": _one_check(outcome, "induction")}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,8 @@ import torch
 from headscope import capture
 from headscope.capture.dla import HeadWrites
 from headscope.capture.patching import record_block_inputs, rerun_block
-from headscope.data.circuits import IOISet, occurrences
-from headscope.data.prompts import display_path
+from headscope.data.circuits import IOISet, load_ioi, occurrences
+from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
 from headscope.detectors.circuits import IOIAttentionDetector
 from headscope.errors import InputError
@@ -44,6 +45,18 @@ from headscope.verdicts.roles import RoleRule, assign_roles
 from headscope.verdicts.stats import bootstrap_ratio_ci, check_resamples
 
 from .base import ProgressFactory, Report, _pad_id, _sections, check_context
+from .checks import Check, _one_check
+from .protocol import (
+    HELP_ABLATION,
+    HELP_BATCH,
+    HELP_DRAWS,
+    Analysis,
+    Outcome,
+    Stats,
+    check_common,
+    option,
+    register,
+)
 
 Head = tuple[int, int]
 
@@ -471,3 +484,70 @@ def verify_ioi(
     ablated = mean_diff(capture.Ablation.of(heads, mode, means))
     random_diffs = [mean_diff(capture.Ablation.of(c, mode, means)) for c in controls]
     return IOIVerification(data, mode, heads, controls, clean, ablated, float(np.mean(random_diffs)))
+
+
+# --- the analysis: options, check, run, verify, JSON ------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class IOIOptions(Stats):
+    data: str | Path | None = option(
+        None,
+        "IOI prompts, YAML or JSONL: text, io, s (default: the shipped English set).",
+        cli_type=Path | None,
+    )
+    verify: bool = option(
+        False, "Ablate the name movers and random same-layer heads; report the logit difference."
+    )
+    ablation: str = option("zero", HELP_ABLATION, choices=("zero", "mean"))
+    draws: int = option(3, HELP_DRAWS, min=1)
+    patch: bool = option(
+        True, "Find S-inhibition heads by path patching (the slow part).", flag="--patch/--no-patch"
+    )
+    batch_size: int = option(8, HELP_BATCH, min=1)
+
+
+@register
+class IOI(Analysis):
+    name = "ioi"
+    summary = "Indirect object identification: name movers, negative name movers and S-inhibition heads."
+    options = IOIOptions
+    takes_capture = False
+
+    def check(self, options: IOIOptions) -> IOISet:
+        check_common(options)
+        return load_ioi(options.data if options.data is not None else builtin("ioi/en.yaml"))
+
+    def run(self, loaded: Any, options: IOIOptions, prepared: IOISet, progress: Any) -> Outcome:
+        report, _, _ = ioi(
+            loaded,
+            prepared,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            patch=options.patch,
+            progress=progress,
+        )
+        return Outcome(report, state={"data": prepared.name})
+
+    def wants_verify(self, options: IOIOptions) -> bool:
+        return options.verify
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: IOIOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        check = verify_ioi(
+            loaded,
+            outcome.report,
+            outcome.state["data"],
+            mode=options.ablation,
+            draws=options.draws,
+            seed=options.seed,
+        )
+        if check is None:
+            outcome.report.notes.append("--verify: no name movers to ablate")
+            return []
+        return [Check("ioi", check)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"verification": _one_check(outcome, "ioi")}

@@ -30,18 +30,31 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from headscope import capture
+from headscope.data.circuits import load_haystack
 from headscope.errors import InputError, NotApplicable, elide
 from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.stats import bootstrap_ratio
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
-from .retrieval import NeedlePrompt, _measure, build_prompts, needle_batches
+from .checks import Check, _one_check
+from .protocol import Analysis, Outcome, Stats, check_common, option, register
+from .retrieval import (
+    NeedleInputs,
+    NeedlePrompt,
+    Needles,
+    _joined,
+    _measure,
+    _needle_inputs,
+    build_prompts,
+    needle_batches,
+)
 
 KV = tuple[int, int]  # (layer, KV head)
 METHODS = ("retrieval", "mass", "ablation")
@@ -766,3 +779,131 @@ def verify(
             SparsityResult(sparsity, k, streaming, result, sets, randoms, exhaustive, memory, others)
         )
     return plan
+
+
+# --- the analysis: options, check, run, verify (the plan against random plans), JSON ---------------
+
+
+@dataclass(kw_only=True)
+class KVPlanOptions(Needles, Stats):
+    sparsity: str | float | list[float] = option(
+        "0.25,0.5,0.75",
+        "Shares of the candidate KV heads made streaming, comma-separated, each in [0, 1].",
+        cli_type=str,
+    )
+    sink: int = option(64, "Attention-sink tokens a streaming head keeps (DuoAttention deploys 64).")
+    recent: int = option(
+        256, "Recent tokens a streaming head keeps, the query's own included (DuoAttention: 256)."
+    )
+    method: str = option(
+        "retrieval",
+        "What ranks the KV heads: retrieval score (ties: long-range mass), long-range attention mass, "
+        "or leave-one-out ablation (one needle pass per KV head).",
+        choices=("retrieval", "mass", "ablation"),
+    )
+    compare: bool = option(
+        False,
+        "Also apply the plans that the run's other scores make, against the same random plans.",
+    )
+    text: str | Path | None = option(
+        None,
+        "Long natural text (.txt or .conllu) for the long-range mass and the LM loss (default: the haystack).",
+        cli_type=Path | None,
+    )
+    context: str | int | list[int] = option(
+        "1280",
+        "Prompt lengths in tokens, comma-separated; at least 4 x (sink + recent) to test the window.",
+        cli_type=str,
+    )
+    depths: str | list[float] = option(
+        "0.1,0.4,0.7", "Needle depths: fractions of the context, 0 = start, 1 = end.", cli_type=str
+    )
+    needles: int | None = option(8, "Use only the first N needles (default 8; 0 or none: all).", min=0)
+    text_chunks: int = option(3, "Stretches of natural text of the context length, per context.", min=1)
+    draws: int = option(3, "Random plans per sparsity (all same-size plans when there are no more).", min=1)
+    kv_dtype: str = option(
+        "auto",
+        "The cache's dtype for the memory figures (auto: the model's).",
+        choices=("auto", "float32", "bfloat16", "float16", "int8"),
+    )
+    batch_size: int = option(2, "Prompts per forward pass.", min=1)
+
+
+@dataclass(frozen=True)
+class KVPlanInputs(NeedleInputs):
+    """The needle inputs, the sparsities to apply, and the natural text (the haystack by default)."""
+
+    sparsities: tuple[float, ...]
+    text: list[str]
+
+
+@register
+class KVPlanAnalysis(Analysis):
+    name = "kv-plan"
+    summary = (
+        "A KV-cache plan: which KV heads need the whole context and which only a sink and a recent window, "
+        "checked against random plans."
+    )
+    options = KVPlanOptions
+    takes_capture = False
+    print_sections = False
+
+    def check(self, options: KVPlanOptions) -> KVPlanInputs:
+        check_common(options)
+        sparsities = parse_sparsities(_joined(options.sparsity))
+        needle = _needle_inputs(
+            options, lambda contexts: check_window(options.sink, options.recent, contexts)
+        )
+        text = needle.haystack if options.text is None else load_haystack(options.text)
+        return KVPlanInputs(
+            needles=needle.needles,
+            haystack=needle.haystack,
+            contexts=needle.contexts,
+            depths=needle.depths,
+            sparsities=sparsities,
+            text=text,
+        )
+
+    def run(self, loaded: Any, options: KVPlanOptions, prepared: KVPlanInputs, progress: Any) -> Outcome:
+        dtype = options.kv_dtype
+        if dtype == "auto":
+            dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+            dtype = dtype if dtype in KV_DTYPES else "float32"
+        scored = score(
+            loaded,
+            prepared.needles,
+            prepared.haystack,
+            prepared.text,
+            contexts=prepared.contexts,
+            depths=prepared.depths,
+            sink=options.sink,
+            recent=options.recent,
+            method=options.method,
+            text_chunks=options.text_chunks,
+            kv_dtype=dtype,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        return Outcome(scored.report, state={"scored": scored, "sparsities": prepared.sparsities})
+
+    def wants_verify(self, options: KVPlanOptions) -> bool:
+        return True  # the plan is not a plan until it is applied and compared with random ones
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: KVPlanOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        plan = verify(  # this module's verify: the plans applied, against random plans
+            loaded,
+            outcome.state["scored"],
+            outcome.state["sparsities"],
+            draws=options.draws,
+            seed=options.seed,
+            progress=progress,
+            compare=options.compare,
+        )
+        return [Check("kv-plan", plan)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"kv_plan": _one_check(outcome, "kv-plan")}

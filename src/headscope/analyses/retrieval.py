@@ -18,23 +18,26 @@ when greedy decoding reproduces it); the answer loss is the mean next-token loss
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from headscope import capture
-from headscope.data.circuits import NeedleItem, RetrievalSet
-from headscope.data.prompts import display_path
+from headscope.data.circuits import NeedleItem, RetrievalSet, load_haystack, load_retrieval
+from headscope.data.prompts import builtin, display_path
 from headscope.detectors.circuits import RetrievalDetector
 from headscope.errors import InputError, elide
 from headscope.models import LoadedModel
-from headscope.verdicts.heads import random_control
+from headscope.verdicts.heads import random_control, top_heads
 from headscope.verdicts.roles import RoleRule
 from headscope.verdicts.stats import check_resamples
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
+from .checks import Check, _one_check, _too_many
+from .protocol import HELP_ABLATION, HELP_DRAWS, Analysis, Outcome, Stats, check_common, option, register
 
 Head = tuple[int, int]
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -457,3 +460,143 @@ def ablate_retrieval(
         for i, c in enumerate(controls)
     ]
     return RetrievalAblation(mode, list(heads), controls, clean, ablated, random_runs, data)
+
+
+# --- the needle options and inputs (retrieval and kv-plan) --------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Needles:
+    """The needle prompts' data, for retrieval and kv-plan."""
+
+    data: str | Path | None = option(
+        None,
+        "Needles, YAML or JSONL: needle, question, answer (default: the shipped English set).",
+        cli_type=Path | None,
+    )
+    haystack: str | Path | None = option(
+        None,
+        "Filler text: .txt, or .conllu (its # text lines). Default: the shipped one for the needles' language.",
+        cli_type=Path | None,
+    )
+
+
+@dataclass(frozen=True)
+class NeedleInputs:
+    """The needle set (its first ``--needles``, when set), the haystack, contexts and depths."""
+
+    needles: RetrievalSet
+    haystack: list[str]
+    contexts: tuple[int, ...]
+    depths: tuple[float, ...]
+
+
+def _needle_inputs(
+    options: Any, check_contexts: Callable[[tuple[int, ...]], None] | None = None
+) -> NeedleInputs:
+    """Contexts, depths, the needle set (its first ``options.needles``, when set) and the haystack,
+    read and checked before the model loads; ``check_contexts(contexts)`` runs before any file is read."""
+    contexts = parse_contexts(_joined(options.context))
+    depths = parse_depths(_joined(options.depths))
+    if check_contexts is not None:
+        check_contexts(contexts)
+    needle_set = load_retrieval(options.data if options.data is not None else builtin("retrieval/en.yaml"))
+    if options.needles:
+        needle_set.items = needle_set.items[: options.needles]
+    haystack = options.haystack
+    if haystack is None:
+        haystack = builtin(f"retrieval/haystack-{language_of(needle_set)}.txt")
+    return NeedleInputs(
+        needles=needle_set, haystack=load_haystack(haystack), contexts=contexts, depths=depths
+    )
+
+
+def _joined(value: Any) -> str:
+    return (
+        value
+        if isinstance(value, str)
+        else ",".join(str(v) for v in ([value] if not isinstance(value, list | tuple) else value))
+    )
+
+
+# --- the analysis: options, check, run, verify, JSON ------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class RetrievalOptions(Needles, Stats):
+    context: str | int | list[int] = option(
+        "1000", "Prompt lengths in tokens, comma-separated (e.g. 1000,2000).", cli_type=str
+    )
+    depths: str | list[float] = option(
+        "0,0.25,0.5,0.75,1",
+        "Where the needle goes: fractions of the context, 0 = start, 1 = end.",
+        cli_type=str,
+    )
+    needles: int | None = option(None, "Use only the first N needles (default: all).", min=1)
+    ablate: int = option(0, "Ablate the top-K retrieval heads and K random same-layer heads.", min=0)
+    ablation: str = option("zero", HELP_ABLATION, choices=("zero", "mean"))
+    draws: int = option(3, HELP_DRAWS, min=1)
+    batch_size: int = option(2, "Prompts per forward pass.", min=1)
+
+
+@register
+class Retrieval(Analysis):
+    name = "retrieval"
+    summary = (
+        "Needle in a haystack: needle accuracy by context and depth, and the heads that copy the needle."
+    )
+    options = RetrievalOptions
+    takes_capture = False
+
+    def check(self, options: RetrievalOptions) -> NeedleInputs:
+        check_common(options)
+        if options.needles is not None and options.needles < 1:
+            raise InputError(f"--needles must be at least 1, got {options.needles}")
+        return _needle_inputs(options)
+
+    def run(self, loaded: Any, options: RetrievalOptions, prepared: NeedleInputs, progress: Any) -> Outcome:
+        if not (loaded.is_causal and loaded.has_lm_head):
+            raise InputError(
+                f"{loaded.name} is not a causal language model; retrieval reads its next-token predictions"
+            )
+        if options.ablate:
+            _too_many(loaded, options.ablate, "--ablate", "a random control")
+        report, outcome, prompts, batches = retrieval(
+            loaded,
+            prepared.needles,
+            prepared.haystack,
+            contexts=prepared.contexts,
+            depths=prepared.depths,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        state = {"needle": outcome, "prompts": prompts, "batches": batches, "title": prepared.needles.name}
+        return Outcome(report, state=state)
+
+    def wants_verify(self, options: RetrievalOptions) -> bool:
+        return options.ablate > 0
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: RetrievalOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        k = k or options.ablate or 3
+        _too_many(loaded, k, "--ablate", "a random control")
+        heads = top_heads(outcome.report.table, "retrieval", k)
+        state = outcome.state
+        effect = ablate_retrieval(
+            loaded,
+            state["prompts"],
+            state["batches"],
+            heads,
+            state["needle"],
+            mode=options.ablation,
+            draws=options.draws,
+            seed=options.seed,
+            progress=progress,
+        )
+        return [Check("retrieval", effect)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"ablation": _one_check(outcome, "retrieval")}

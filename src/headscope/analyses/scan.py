@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from headscope import capture
+from headscope import capture, detectors
 from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, Unsupported
@@ -32,8 +32,21 @@ from .base import (
     repeated_tokens,
     score_batches,
 )
-from .coref import coref
-from .syntax import syntax
+from .checks import Check
+from .protocol import (
+    HELP_BATCH,
+    Analysis,
+    Outcome,
+    Repeat,
+    Stats,
+    check_common,
+    option,
+    register,
+    split_names,
+)
+
+# The scan draws on every other analysis, and imports each where it uses it: importing this module
+# registers Scan alone, so the registry's order is the order analyses/__init__.py imports them in.
 
 DEFAULT_TEXT_SET = "text/natural.yaml"
 
@@ -77,6 +90,9 @@ def scan(
     (duplicate-token, induction) read repeated random tokens, where the right answer is known;
     syntax and coreference read the shipped annotated English and Chinese sets.
     """
+    from .coref import coref
+    from .syntax import syntax
+
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     check_resamples(n_resamples)
@@ -140,9 +156,9 @@ def scan(
     if include_weights is None:
         include_weights = detector_names is None
     if include_weights:
-        if loaded.has_lm_head:
-            from .weights import weights
+        from .weights import weights
 
+        if loaded.has_lm_head:
             with parts.part("weights") as part:
                 try:
                     found = weights(loaded, n_resamples=0, seed=seed, progress=progress)
@@ -289,3 +305,154 @@ def _circuit_parts(
                 parts.notes.append(f"{needles_name}: not scored: {exc}")
                 continue
             part.merge(report, without=uncertainty_notes(report.results, n_resamples))
+
+
+# --- the analysis: options, check, run, verify, JSON ------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class ScanOptions(Repeat, Stats):
+    text: str | Path | None = option(
+        None,
+        "Natural-text prompt set (.yaml/.jsonl/.txt) for previous-token and sink.",
+        cli_type=Path | None,
+    )
+    detectors: str | list[str] | None = option(
+        None,
+        "Comma-separated detectors, 'weights' for the weight-only roles (default: all).",
+        cli_type=str | None,
+    )
+    batch_size: int = option(8, HELP_BATCH, min=1)
+    verify: bool = option(
+        False, "Ablate each table's top heads and a random control; report the loss effect."
+    )
+    verify_k: int = option(3, "Heads ablated per table by --verify.", min=1)
+    weights: bool = option(
+        True, "Also score the weight-only roles (copy, supp, succ).", flag="--weights/--no-weights"
+    )
+    role_threshold: float = option(0.3, "Minimum score for a role.")
+    role_margin: float = option(0.05, "ci_low must clear the baseline by this much.")
+    alpha: float = option(0.05, "False discovery rate for roles (Benjamini–Hochberg).", min=0.0, max=1.0)
+
+
+@dataclass(frozen=True)
+class ScanInputs:
+    """What ``Scan.check`` reads and checks before the model loads."""
+
+    names: list[str] | None  # attention detectors (None: all)
+    weights: bool  # also the weight-only roles
+    text_set: PromptSet
+    rule: RoleRule
+
+
+@register
+class Scan(Analysis):
+    name = "scan"
+    summary = "Score every head with every detector, print the top heads of each and the role map."
+    options = ScanOptions
+    json_roles = True
+    spaced_checks = True
+
+    def check(self, options: ScanOptions) -> ScanInputs:
+        check_common(options)
+        if not 0.0 <= options.alpha <= 1.0:
+            raise InputError(f"--alpha must be between 0 and 1, got {options.alpha}")
+        names = split_names(options.detectors)
+        if names is not None and not names:
+            if isinstance(options.detectors, str) and not options.detectors.strip():
+                names = None  # --detectors "" means all, as it always did
+            else:
+                raise InputError("--detectors names no detector", hint="leave it out for all of them")
+        include_weights = options.weights
+        if names is not None:
+            # "weights" names the weight-only roles; the rest are attention detectors.
+            include_weights = include_weights and "weights" in names
+            names = [n for n in names if n != "weights"]
+            detectors.create(names)  # reject unknown names before loading anything
+        options.repeat_spec(options.seed).validate()
+        text = options.text if options.text is not None else builtin(DEFAULT_TEXT_SET)
+        return ScanInputs(
+            names=names,
+            weights=include_weights,
+            text_set=load_texts(text),
+            rule=RoleRule(threshold=options.role_threshold, margin=options.role_margin, alpha=options.alpha),
+        )
+
+    def run(self, loaded: Any, options: ScanOptions, prepared: ScanInputs, progress: Any) -> Outcome:
+        report = scan(
+            loaded,
+            text_set=prepared.text_set,
+            repeat=options.repeat_spec(options.seed),
+            detector_names=prepared.names,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            role_rule=prepared.rule,
+            progress=progress,
+            include_weights=prepared.weights,
+        )
+        return Outcome(report, state={"rule": prepared.rule, "verified": False})
+
+    def wants_verify(self, options: ScanOptions) -> bool:
+        return options.verify
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: ScanOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        """Token-loss ablation of every table, then the circuit tables by their own measures."""
+        from .ablation import verify as verify_tables
+
+        k = k or options.verify_k
+        report = outcome.report
+        outcome.state.update(verified=True, k=k)
+        checks = [
+            Check("table", c)
+            for c in verify_tables(loaded, report, k=k, seed=options.seed, progress=progress)
+        ]
+        return checks + _verify_circuits(loaded, report, k, options.seed, progress)
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        tables = [c.to_json() for c in outcome.checks if c.kind == "table"]
+        circuits = [c.to_json() for c in outcome.checks if c.kind != "table"]
+        return {
+            "role_rule": outcome.state["rule"].describe(),
+            "verification": tables if outcome.state.get("verified") else None,
+            "circuit_verification": circuits or None,
+        }
+
+
+def _verify_circuits(loaded: Any, report: Any, k: int, seed: int, progress: Any) -> list[Check]:
+    """The circuit tables of a scan: name movers by logit difference, retrieval heads by needle
+    accuracy, successor heads by ordinal continuations. Each outcome names its own check."""
+    from headscope.verdicts.heads import top_heads
+
+    from .ioi import IOIOutcome, verify_ioi
+    from .retrieval import NeedleOutcome, ablate_retrieval
+    from .weights import WeightOutcome, verify_successor
+
+    out: list[Check] = []
+    for data, outcome in report.outcomes.items():
+        if isinstance(outcome, WeightOutcome):
+            for name in outcome.resolved:
+                check = verify_successor(loaded, report, name, k=k, draws=1, seed=seed)
+                if check is not None:
+                    out.append(Check("successor", check))
+        elif isinstance(outcome, IOIOutcome):
+            check = verify_ioi(loaded, report, data, draws=1, seed=seed)
+            if check is not None:
+                out.append(Check("ioi", check))
+        elif isinstance(outcome, NeedleOutcome):
+            heads = top_heads(report.table, "retrieval", k, data=data)
+            effect = ablate_retrieval(
+                loaded,
+                outcome.prompts,
+                report.inputs[data],
+                heads,
+                outcome,
+                draws=1,
+                seed=seed,
+                progress=progress,
+                data=data,
+            )
+            out.append(Check("retrieval", effect))
+    return out

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from headscope.data.align import AlignmentError, encode_with_spans, share_a_token
 from headscope.data.conllu import Treebank, read_conllu
-from headscope.data.prompts import display_path
+from headscope.data.prompts import builtin, display_path
 from headscope.detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.verdicts.stats import check_resamples
 
 from .base import ProgressFactory, Report, _prompt_set_report, model_batches, score_batches
+from .checks import _TableChecked
+from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register, split_names
+from .scan import DEFAULT_TREEBANKS
 
 
 def check_relations(treebank: Treebank, relations: Sequence[str] | None) -> list[str]:
@@ -99,3 +104,58 @@ def syntax(
         )
     description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
     return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
+
+
+# --- the analysis: options, check, run, verify (the tables' ablation), JSON -------------------------
+
+
+@dataclass(kw_only=True)
+class SyntaxOptions(Stats):
+    treebank: str | Path | None = option(
+        None, "A CoNLL-U file (default: the shipped English set).", cli_type=Path | None
+    )
+    relations: str | list[str] | None = option(
+        None, "Comma-separated UD relations (default: nsubj,obj,det,…).", cli_type=str | None
+    )
+    limit: int | None = option(None, "Read at most N sentences.", min=1)
+    skip_bad: bool = option(False, HELP_SKIP_BAD)
+    batch_size: int = option(8, HELP_BATCH, min=1)
+
+
+@dataclass(frozen=True)
+class SyntaxInputs:
+    """What ``Syntax.check`` reads and checks before the model loads."""
+
+    treebank: Treebank
+    relations: list[str] | None  # None: the default relations that occur
+
+
+@register
+class Syntax(_TableChecked):
+    name = "syntax"
+    summary = (
+        "Syntactic heads: per relation and direction, the best head against the best positional baseline."
+    )
+    options = SyntaxOptions
+
+    def check(self, options: SyntaxOptions) -> SyntaxInputs:
+        check_common(options)
+        if options.limit is not None and options.limit < 1:
+            raise InputError(f"--limit must be at least 1, got {options.limit}")
+        source = options.treebank if options.treebank is not None else builtin(DEFAULT_TREEBANKS[0])
+        parsed = read_conllu(source, skip_bad=options.skip_bad, limit=options.limit)
+        wanted = split_names(options.relations) or None
+        check_relations(parsed, wanted)
+        return SyntaxInputs(treebank=parsed, relations=wanted)
+
+    def run(self, loaded: Any, options: SyntaxOptions, prepared: SyntaxInputs, progress: Any) -> Outcome:
+        report = syntax(
+            loaded,
+            prepared.treebank,
+            relations=prepared.relations,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        return Outcome(report)

@@ -21,7 +21,7 @@ from headscope import capture
 from headscope.data.ordinal import OrdinalSet, load_ordinal
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
-from headscope.errors import InputError
+from headscope.errors import InputError, NotApplicable
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
@@ -37,9 +37,11 @@ from headscope.weightroles.ov import (
     successor_hits,
 )
 from headscope.weightroles.summaries import SUMMARIES
-from headscope.weightroles.tasks import ResolvedTask, continuation_prompts, resolve_tasks
+from headscope.weightroles.tasks import ResolvedTask, check_distinct_sets, continuation_prompts, resolve_tasks
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
+from .checks import Check
+from .protocol import HELP_ABLATION, HELP_DRAWS, Analysis, Outcome, Stats, check_common, option, register
 
 DEFAULT_TASK_SETS = ("ordinal/en.yaml", "ordinal/zh.yaml")
 DEFAULT_EMBEDDING: Embedding = "mlp0"
@@ -403,12 +405,98 @@ def verify_successor(
     return SuccessorAblation(data, mode, heads, controls, clean, ablated, randoms)
 
 
+# --- the analysis: options, check, run, verify, JSON ------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class WeightsOptions(Stats):
+    tokens: int = option(2000, "Ordinary tokens sampled (seeded) for the copying and suppression tests.")
+    k: int = option(5, "Top-k (bottom-k) the own token must reach.")
+    embedding: str = option(
+        "mlp0", "What a head reads: mlp0 (effective embedding after block 0, the default) or raw."
+    )
+    tasks: list[Path] | None = option(
+        None,
+        "Ordinal task file(s), YAML (default: the shipped English and Chinese sets).",
+        cli_type=list[Path] | None,
+    )
+    verify: bool = option(
+        False,
+        "Ablate the top successor heads and random same-layer heads on ordinal continuation prompts.",
+    )
+    verify_k: int = option(3, "Successor heads ablated by --verify.", min=1)
+    ablation: str = option("zero", HELP_ABLATION, choices=("zero", "mean"))
+    draws: int = option(3, HELP_DRAWS, min=1)
+
+
+@register
+class Weights(Analysis):
+    name = "weights"
+    summary = "Roles from the weights alone: OV copying, copy suppression and successor heads (no prompts)."
+    options = WeightsOptions
+    takes_capture = False
+    spaced_checks = True
+
+    def check(self, options: WeightsOptions) -> list[OrdinalSet]:
+        check_common(options)
+        check_options(options.tokens, options.k, options.embedding)
+        tasks = options.tasks
+        if isinstance(tasks, str | Path):
+            tasks = [tasks]
+        task_sets = load_task_sets(tasks)
+        check_distinct_sets(task_sets)
+        return task_sets
+
+    def run(self, loaded: Any, options: WeightsOptions, prepared: list[OrdinalSet], progress: Any) -> Outcome:
+        if not loaded.has_lm_head:
+            raise NotApplicable(
+                f"{loaded.name} has no LM head: the OV token tests read logits through the unembedding, "
+                "so there is nothing to score"
+            )
+        report = weights(
+            loaded,
+            tokens=options.tokens,
+            k=options.k,
+            embedding=options.embedding,
+            task_sets=prepared,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+        )
+        return Outcome(report, state={"tasks": [t.name for t in prepared]})
+
+    def wants_verify(self, options: WeightsOptions) -> bool:
+        return options.verify
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: WeightsOptions, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        checks = []
+        for name in outcome.state["tasks"]:
+            check = verify_successor(
+                loaded,
+                outcome.report,
+                name,
+                k=k or options.verify_k,
+                mode=options.ablation,
+                draws=options.draws,
+                seed=options.seed,
+            )
+            if check is None:
+                outcome.report.notes.append(f"--verify: {name}: no successor pairs to test")
+            else:
+                checks.append(Check("successor", check))
+        return checks
+
+
 __all__ = [
     "DEFAULT_EMBEDDING",
     "DEFAULT_TASK_SETS",
     "SUMMARIES",
     "SuccessorAblation",
     "WeightOutcome",
+    "Weights",
+    "WeightsOptions",
     "check_options",
     "load_task_sets",
     "verify_successor",

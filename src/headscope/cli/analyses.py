@@ -9,16 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from headscope import files
-from headscope.analyses.catalog import (
-    CorefOptions,
-    InductionOptions,
-    IOIOptions,
-    KVPlanOptions,
-    RetrievalOptions,
-    ScanOptions,
-    SyntaxOptions,
-    WeightsOptions,
-)
+from headscope.analyses.coref import CorefOptions
+from headscope.analyses.induction import InductionOptions
+from headscope.analyses.ioi import IOIOptions
+from headscope.analyses.kvplan import KVPlanOptions
+from headscope.analyses.retrieval import RetrievalOptions
+from headscope.analyses.scan import ScanOptions
+from headscope.analyses.syntax import SyntaxOptions
+from headscope.analyses.weights import WeightsOptions
 from headscope.errors import InputError
 
 from .common import (

@@ -757,7 +757,7 @@ def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
 
 # --- a whole result, with its causal checks ------------------------------------------------------------
 
-# One printer per kind of check (analyses.catalog.Check.kind); "table" checks print as one table.
+# One printer per kind of check (analyses.checks.Check.kind); "table" checks print as one table.
 CHECK_PRINTERS: dict[str, Callable[[Any, Console], None]] = {
     "induction": print_ablation,
     "retrieval": print_retrieval_ablation,
