@@ -2,7 +2,8 @@
 
     python scripts/docs.py cli [--check]              # docs/reference/cli.md from the Typer app
     python scripts/docs.py outputs [--check] [--expensive] [--only ID] [FILES...]
-    python scripts/docs.py all [--check]              # both (cheap blocks only)
+    python scripts/docs.py stub [--check]             # src/headscope/__init__.pyi from the registry
+    python scripts/docs.py all [--check]              # all three (cheap blocks only)
     python scripts/docs.py outputs --list             # the blocks, their costs and stamps
 
 ``make docs`` runs ``all``, ``make docs-outputs`` runs ``outputs --expensive``; tests/docs checks
@@ -125,6 +126,7 @@ if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))  # the working tree's headscope, not an older installed copy
 
 CLI_PATH = ROOT / "docs" / "reference" / "cli.md"
+STUB_PATH = SRC / "headscope" / "__init__.pyi"
 STAMPED_CODE = ("src", "configs")  # an expensive block is stale once these change after it was measured
 COMMAND_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -1451,6 +1453,23 @@ def cli(check: bool = False) -> int:
     return 0
 
 
+def stub(check: bool = False) -> int:
+    """src/headscope/__init__.pyi from the analyses' registry (headscope.api.stub)."""
+    from headscope.api.stub import api_stub
+
+    text = api_stub()
+    current = STUB_PATH.read_text(encoding="utf-8") if STUB_PATH.exists() else ""
+    if current == text:
+        print(f"{display(STUB_PATH)} is current")
+        return 0
+    if check:
+        print(f"{display(STUB_PATH)} is out of date: run make docs (scripts/docs.py stub)", file=sys.stderr)
+        return 1
+    write_file(STUB_PATH, text.encode("utf-8"))
+    print(f"wrote {display(STUB_PATH)}")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 
@@ -1481,6 +1500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     p_cli = sub.add_parser("cli", help="write docs/reference/cli.md from the Typer app")
     p_cli.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    p_stub = sub.add_parser("stub", help="write src/headscope/__init__.pyi from the analyses' registry")
+    p_stub.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
     p_out = sub.add_parser("outputs", help="rerun the commands of the output blocks and rewrite them")
     p_out.add_argument("files", nargs="*", help="only these files (default: README.md and docs/**/*.md)")
     p_out.add_argument("--check", action="store_true", help="compare the cheap blocks; exit 1 if any differs")
@@ -1502,10 +1523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.what == "cli":
             return cli(args.check)
+        if args.what == "stub":
+            return stub(args.check)
         if args.what == "outputs" and args.list:
             print(list_blocks(args.files))
             return 0
-        status = cli(args.check) if args.what == "all" else 0
+        status = (cli(args.check) or stub(args.check)) if args.what == "all" else 0
         if args.what == "all":
             outcome = outputs(check=args.check, jobs=args.jobs)
         else:

@@ -37,6 +37,13 @@ TOY_TEXTS = ROOT / "tests" / "toy" / "symbols.txt"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+class StaleExpensiveOutput(UserWarning):
+    """An expensive output block older than the code that produces it, or never generated.
+
+    Declared here, not in the test module that warns it: pytest-xdist's controller rebuilds each
+    warning from its class' module, and it can import conftest but not a test module."""
+
+
 def in_ci() -> bool:
     """CI services set ``CI`` (GitHub Actions: ``CI=true``); ``CI=false`` or ``0`` means not."""
     return os.environ.get("CI", "").strip().lower() not in {"", "0", "false", "no"}

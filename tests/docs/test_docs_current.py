@@ -11,13 +11,8 @@ import sys
 import warnings
 
 import pytest
-from conftest import ROOT, in_ci
+from conftest import ROOT, StaleExpensiveOutput, in_ci
 from docs_script import load_script
-
-
-class StaleExpensiveOutput(UserWarning):
-    """An expensive output block older than the code that produces it, or never generated."""
-
 
 README_LIMIT = 12 * 1024  # bytes: issue 22 asks for a README of at most 12 KB
 

@@ -151,7 +151,7 @@ def test_stream_equals_eager_far_past_the_window_with_every_token_detector(monke
     rows = [[2, *b] for b in body]
     data = capture.make_batches(rows, [[True] + [False] * 39] * 2, batch_size=2, pad_id=0, is_causal=True)
     # Every token-level detector of the registry (those that read text or repeated random tokens).
-    names = [n for n, cls in REGISTRY.items() if cls.default_source in ("text", "repeated-tokens")]
+    names = [n for n, cls in REGISTRY.builtins().items() if cls.default_source in ("text", "repeated-tokens")]
     eager = scored(tiny_gemma("eager"), names, data)
     calls = []
     original = capture.stream._first_visible_key

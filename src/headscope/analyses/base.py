@@ -179,6 +179,7 @@ def model_batches(
         pad_id=_pad_id(loaded),
         is_causal=loaded.is_causal,
         meta=meta,
+        tokenizer=loaded.tokenizer,
     )
 
 
@@ -286,4 +287,28 @@ def _prompt_set_report(
         inputs={data_name: batches},
         layout=loaded.layout,
         outcomes=outcomes or {},
+    )
+
+
+def score_prompt_set(
+    loaded: LoadedModel,
+    prompt_set: PromptSet,
+    chosen: Sequence[Detector],
+    *,
+    batch_size: int = 8,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    role_rule: RoleRule | None = None,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """One prompt set through ``chosen`` detectors: encoded, batched, streamed, tabled with
+    baselines, intervals and roles. The building block of an analysis' ``run`` (a plugin's too)."""
+    sequences, specials = encode_texts(loaded, prompt_set)
+    batches = model_batches(loaded, sequences, specials, batch_size)
+    results = score_batches(loaded, batches, chosen, len(sequences), prompt_set.name, progress=progress)
+    from headscope.data.prompts import display_path
+
+    description = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
+    return _prompt_set_report(
+        loaded, results, prompt_set.name, description, [], batches, n_resamples, seed, role_rule=role_rule
     )

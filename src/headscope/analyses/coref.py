@@ -118,6 +118,7 @@ class Coref(_TableChecked):
     name = "coref"
     summary = "Coreference heads: does the pronoun attend most to its antecedent?"
     options = CorefOptions
+    sweepable = True
 
     def check(self, options: CorefOptions) -> CorefSet:
         check_common(options)

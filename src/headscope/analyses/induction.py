@@ -135,6 +135,7 @@ class Induction(Analysis):
     name = "induction"
     summary = "Repeated random tokens: induction and duplicate-token heads, and loss on each copy."
     options = InductionOptions
+    sweepable = True
 
     def check(self, options: InductionOptions) -> None:
         check_common(options)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from headscope.errors import InputError
+from headscope.registry import Registry
 from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
 
 from .base import ProgressFactory, RepeatSpec, Report
@@ -122,6 +123,11 @@ class Analysis:
     # The per-head tables of the report in the terminal (kv-plan prints its own per-KV-head table
     # instead; the per-head rows stay in --csv and --format json).
     print_sections: ClassVar[bool] = True
+    # A sweep can run it: its result is one tidy table per model, from short prompts.
+    sweepable: ClassVar[bool] = False
+    # It has a command (headscope NAME); False where an option is not a command-line value (hs.detect's
+    # patterns are tensors or functions).
+    cli: ClassVar[bool] = True
 
     def option_names(self) -> set[str]:
         """The names of the options this analysis declares."""
@@ -305,17 +311,38 @@ def check_common(options: Any) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
 
 
-ANALYSES: dict[str, Analysis] = {}
+def _accept(obj: Any) -> Analysis:
+    """An analysis (an ``Analysis`` subclass, instantiated here, or an instance), else TypeError."""
+    from headscope.detectors.target import check_name
+
+    found = obj() if isinstance(obj, type) and issubclass(obj, Analysis) else obj
+    if not isinstance(found, Analysis):
+        raise TypeError(f"{obj!r} is not an analysis: give a headscope.Analysis subclass")
+    for attribute in ("name", "summary", "options"):
+        if not hasattr(found, attribute):
+            raise TypeError(f"analysis {type(found).__name__} declares no {attribute}")
+    check_name(found.name, "analysis")
+    if not dataclasses.is_dataclass(found.options):
+        raise TypeError(f"analysis {found.name!r}: options must be a dataclass of option() fields")
+    if type(found).run is Analysis.run:
+        raise TypeError(f"analysis {found.name!r} does not implement run")
+    return found
+
+
+# Built-ins register with @register; plugins by entry point (group headscope.analyses); a notebook
+# with hs.register. The API (hs.<name>), the CLI (headscope <name>) and the sweep read this.
+ANALYSES: Registry[Analysis] = Registry("analysis", "headscope.analyses", _accept, lambda a: a.name)
 
 
 def register(cls: type[Analysis]) -> type[Analysis]:
-    """Class decorator: one line puts an analysis behind the API, the CLI and the sweep."""
-    ANALYSES[cls.name] = cls()
+    """Class decorator for the built-in analyses: one line puts an analysis behind the API, the CLI
+    and the sweep. (A plugin declares an entry point instead; a notebook calls ``hs.register``.)"""
+    ANALYSES.add_builtin(cls)
     return cls
 
 
 def get(name: str) -> Analysis:
-    """The registered analysis ``name`` (``headscope.analyses`` imports the catalog that registers them)."""
+    """The registered analysis ``name`` (``headscope.analyses`` imports the modules that register them)."""
     if name not in ANALYSES:
         raise InputError(f"unknown analysis {name!r}", hint=f"choose from {', '.join(ANALYSES)}")
     return ANALYSES[name]

@@ -350,6 +350,7 @@ class Scan(Analysis):
     name = "scan"
     summary = "Score every head with every detector, print the top heads of each and the role map."
     options = ScanOptions
+    sweepable = True
     json_roles = True
     spaced_checks = True
 

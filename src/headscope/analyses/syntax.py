@@ -137,6 +137,7 @@ class Syntax(_TableChecked):
         "Syntactic heads: per relation and direction, the best head against the best positional baseline."
     )
     options = SyntaxOptions
+    sweepable = True
 
     def check(self, options: SyntaxOptions) -> SyntaxInputs:
         check_common(options)

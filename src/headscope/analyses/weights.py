@@ -434,6 +434,7 @@ class Weights(Analysis):
     name = "weights"
     summary = "Roles from the weights alone: OV copying, copy suppression and successor heads (no prompts)."
     options = WeightsOptions
+    sweepable = True
     takes_capture = False
     spaced_checks = True
 

@@ -24,11 +24,13 @@ from typing import Any
 
 import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
 from headscope.analyses.base import ProgressFactory
-from headscope.analyses.protocol import ANALYSES, execute, flag_of, get
+from headscope.analyses.protocol import ANALYSES, Analysis, Outcome, Stats, execute, flag_of, get, option
 from headscope.api.result import AttentionMap, Result
+from headscope.detectors import Detector, PatternDetector, TargetDetector
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.outputs.progress import progress_option
+from headscope.rolespec import RoleSpec
 
 
 def load(
@@ -159,56 +161,108 @@ def run(
     return Result(analysis, outcome=outcome, options=values, loaded=loaded)
 
 
-def _analysis_function(name: str) -> Callable[..., Result]:
-    analysis = ANALYSES[name]
+LOAD_PARAMETERS = (
+    ("device", None, "str | None"),
+    ("dtype", None, "str | None"),
+    ("capture", "auto", "str"),
+    ("device_map", None, "str | None"),
+    ("progress", None, "bool | Callable | None"),
+)
 
-    def function(model: Any = DEFAULT_MODEL, tokenizer: Any = None, **kwargs: Any) -> Result:
+
+def _analysis_function(name: str) -> Callable[..., Result]:
+    """``hs.<name>``: the analysis' options as keyword arguments, with its defaults and help texts;
+    the options an analysis names in ``positional`` also come after ``model, tokenizer``."""
+    # Built-ins are read without loading plugins: this runs while headscope is imported, and a
+    # plugin importing headscope must not be loaded halfway through its own import.
+    analysis = ANALYSES.builtins().get(name) or ANALYSES[name]
+    positional = tuple(getattr(analysis, "positional", ()))
+
+    def function(model: Any = DEFAULT_MODEL, tokenizer: Any = None, *args: Any, **kwargs: Any) -> Result:
+        if len(args) > len(positional):
+            raise TypeError(f"{python_name(name)}() takes at most {2 + len(positional)} positional arguments")
+        for key, value in zip(positional, args, strict=False):
+            if key in kwargs:
+                raise TypeError(f"{python_name(name)}() got {key} twice")
+            kwargs[key] = value
         return run(name, model, tokenizer, **kwargs)
 
-    common = [
-        inspect.Parameter(
-            "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation=Any
-        ),
-        inspect.Parameter("tokenizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Any),
-    ]
-    load_params = [
-        ("device", None, "str | None"),
-        ("dtype", None, "str | None"),
-        ("capture", "auto", "str"),
-        ("device_map", None, "str | None"),
-        ("progress", None, "bool | Callable | None"),
-    ]
+    by_position = inspect.Parameter.POSITIONAL_OR_KEYWORD
     keyword = inspect.Parameter.KEYWORD_ONLY
-    params = common + [inspect.Parameter(n, keyword, default=d, annotation=a) for n, d, a in load_params]
+    params = [
+        inspect.Parameter("model", by_position, default=DEFAULT_MODEL, annotation=Any),
+        inspect.Parameter("tokenizer", by_position, default=None, annotation=Any),
+    ]
+    fields = {f.name: f for f in dataclasses.fields(analysis.options)}
+    for key in positional:
+        field = fields[key]
+        params.append(inspect.Parameter(key, by_position, default=field.default, annotation=field.type))
+    params += [inspect.Parameter(n, keyword, default=d, annotation=a) for n, d, a in LOAD_PARAMETERS]
     lines = []
-    for field in dataclasses.fields(analysis.options):
+    for field in fields.values():
         default = field.default if field.default is not dataclasses.MISSING else None
-        params.append(inspect.Parameter(field.name, keyword, default=default, annotation=field.type))
-        lines.append(
-            f"    {field.name} = {default!r}  ({flag_of(field).split('/')[0]}): {field.metadata['help']}"
-        )
+        if field.name not in positional:
+            params.append(inspect.Parameter(field.name, keyword, default=default, annotation=field.type))
+        where = f" ({flag_of(field).split('/')[0]})" if analysis.cli else ""
+        lines.append(f"    {field.name} = {default!r}{where}: {field.metadata['help']}")
     function.__signature__ = inspect.Signature(params, return_annotation="Result")  # type: ignore[attr-defined]
-    function.__name__ = function.__qualname__ = name
+    function.__name__ = function.__qualname__ = python_name(name)
     function.__module__ = "headscope"
-    function.__doc__ = (
-        f"{analysis.summary}\n\n"
+    form = (
         f"The Python form of ``headscope {name}``: a model spec, a ``LoadedModel`` or a model object with its "
         "tokenizer, then the command's options as keyword arguments, with its defaults.\n"
+        if analysis.cli
+        else "A model spec, a ``LoadedModel`` or a model object with its tokenizer, then the options below.\n"
+    )
+    function.__doc__ = (
+        f"{analysis.summary}\n\n{form}"
         "device, dtype, capture, device_map: how a spec is loaded (see ``hs.load``); progress: True for "
         "a progress bar.\n\nOptions:\n" + "\n".join(lines) + "\n\nReturns a :class:`headscope.Result`."
     )
     return function
 
 
-scan = _analysis_function("scan")
-induction = _analysis_function("induction")
-syntax = _analysis_function("syntax")
-coref = _analysis_function("coref")
-retrieval = _analysis_function("retrieval")
-ioi = _analysis_function("ioi")
-weights = _analysis_function("weights")
-kv_plan = _analysis_function("kv-plan")
-kv_plan.__name__ = kv_plan.__qualname__ = "kv_plan"
+def python_name(analysis: str) -> str:
+    """``kv-plan`` -> ``kv_plan``: the analysis' function name in ``headscope``."""
+    return analysis.replace("-", "_")
+
+
+# One function per built-in analysis, derived from the registry (``hs.scan``, ``hs.kv_plan``, …);
+# plugin and run-time analyses are found by the module's __getattr__ below.
+ANALYSIS_FUNCTIONS = {python_name(name): _analysis_function(name) for name in ANALYSES.builtins()}
+globals().update(ANALYSIS_FUNCTIONS)
+
+
+def __getattr__(name: str) -> Any:
+    analysis = name.replace("_", "-")
+    if analysis in ANALYSES:
+        return _analysis_function(analysis)
+    raise AttributeError(f"module 'headscope.api' has no attribute {name!r}")
+
+
+def register(declaration: Any) -> Any:
+    """Add a detector or an analysis for this process, as a plugin would: a
+    :class:`headscope.TargetDetector` (or a ``Detector`` subclass) joins the scan, the role map, the
+    legends and the reports; an ``Analysis`` subclass gets ``hs.<name>`` and ``hs.run``. A name that a
+    built-in or a plugin holds is refused; registering a name again replaces your earlier one.
+    Returns the declaration (so it works as a class decorator)."""
+    from headscope import detectors
+    from headscope.analyses.protocol import Analysis
+
+    if isinstance(declaration, detectors.Detector) or (
+        isinstance(declaration, type) and issubclass(declaration, detectors.Detector)
+    ):
+        detectors.REGISTRY.register(declaration)
+    elif isinstance(declaration, Analysis) or (
+        isinstance(declaration, type) and issubclass(declaration, Analysis)
+    ):
+        ANALYSES.register(declaration)
+    else:
+        raise InputError(
+            f"hs.register takes a detector or an analysis, got {type(declaration).__name__}",
+            hint="hs.TargetDetector(...), a headscope.Detector subclass, or a headscope.Analysis subclass",
+        )
+    return declaration
 
 
 def show(
@@ -277,20 +331,22 @@ def sweep(
 
 
 __all__ = [
+    "Analysis",
     "AttentionMap",
+    "Detector",
+    "Outcome",
+    "PatternDetector",
     "Result",
-    "coref",
-    "induction",
-    "ioi",
-    "kv_plan",
+    "RoleSpec",
+    "Stats",
+    "TargetDetector",
     "load",
+    "option",
     "plan",
     "plan_options",
-    "retrieval",
+    "register",
     "run",
-    "scan",
     "show",
     "sweep",
-    "syntax",
-    "weights",
+    *ANALYSIS_FUNCTIONS,
 ]

@@ -30,6 +30,9 @@ class Batch:
     example_index: torch.Tensor  # [B] long
     is_causal: bool
     meta: list[dict[str, Any]] = field(default_factory=list)
+    # The model's tokenizer, for detectors whose targets depend on what a token is (a bracket, a
+    # verb); None where the batch was built without one (synthetic tests).
+    tokenizer: Any = field(default=None, repr=False, compare=False)
     _cache: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _chunk: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -134,6 +137,17 @@ class Batch:
         dense[rows, queries, keys] = True
         return dense
 
+    def tokens(self, row: int) -> list[str]:
+        """The token strings of ``row``'s real positions, as the tokenizer spells them
+        (``convert_ids_to_tokens``: "Ġ(" in byte-level BPE, "▁(" in SentencePiece)."""
+        if self.tokenizer is None:
+            raise ValueError("this batch was built without a tokenizer")
+        key = f"tokens:{row}"
+        if key not in self._cache:
+            ids = self.input_ids[row, self.attention_mask[row]].tolist()
+            self._cache[key] = self.tokenizer.convert_ids_to_tokens(ids)  # type: ignore[assignment]
+        return self._cache[key]  # type: ignore[return-value]
+
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
             self.input_ids.to(device),
@@ -142,6 +156,7 @@ class Batch:
             self.example_index,
             self.is_causal,
             self.meta,
+            self.tokenizer,
         )
 
 
@@ -154,6 +169,7 @@ def make_batches(
     is_causal: bool,
     meta: Sequence[dict[str, Any]] | None = None,
     sort_by_length: bool = True,
+    tokenizer: Any = None,
 ) -> list[Batch]:
     """Right-pad sequences into batches. Sorting by length keeps padding (wasted work) small."""
     order = list(range(len(sequences)))
@@ -179,6 +195,7 @@ def make_batches(
                 torch.as_tensor(rows, dtype=torch.long),
                 is_causal,
                 [dict(meta[i]) for i in rows] if meta is not None else [{} for _ in rows],
+                tokenizer,
             )
         )
     return batches

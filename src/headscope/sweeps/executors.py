@@ -21,8 +21,13 @@ from headscope.errors import HeadscopeError, InputError
 Task = dict[str, Any]
 Outcome = dict[str, Any]  # {"ok": bool, "payload" | "error", "seconds"}
 
-# The analyses a sweep runs: those whose result is one tidy table per model (no long prompts).
-ANALYSES = ("induction", "scan", "weights", "syntax", "coref")
+
+def sweepable() -> list[str]:
+    """The analyses a sweep runs: those that declare ``sweepable`` (one tidy table per model, from
+    short prompts), built-in or plugin."""
+    from headscope.analyses.protocol import ANALYSES
+
+    return [name for name, analysis in ANALYSES.items() if analysis.sweepable]
 
 
 def run_task(task: Task) -> Outcome:

@@ -15,7 +15,7 @@ import pandas as pd
 from headscope import files
 from headscope.errors import InputError
 
-from .executors import ANALYSES, run_local, run_ray
+from .executors import run_local, run_ray, sweepable
 from .specs import Target, expand, fingerprint
 from .store import Store, locked
 
@@ -49,11 +49,12 @@ class SweepResult:
 
 def check_analyses(names: Sequence[str]) -> list[str]:
     chosen = [n.strip() for n in names if n.strip()]
-    unknown = [n for n in chosen if n not in ANALYSES]
+    known = sweepable()
+    unknown = [n for n in chosen if n not in known]
     if unknown or not chosen:
         raise InputError(
             f"--analysis {','.join(unknown) or '(none)'}: unknown analysis",
-            hint=f"choose from {', '.join(ANALYSES)}",
+            hint=f"choose from {', '.join(known)}",
         )
     return list(dict.fromkeys(chosen))
 

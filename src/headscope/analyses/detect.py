@@ -1,0 +1,228 @@
+"""``hs.detect``: your own attention pattern, TransformerLens style, with headscope's verdicts.
+
+``hs.detect(model, tokenizer, prompts, pattern)`` scores every head's attention on your prompts
+against a ``[T, T]`` pattern per prompt, as TransformerLens' ``detect_head`` does ("mul": the share
+of the head's attention on the pattern; "abs": one minus the mean absolute error per row), and adds
+what ``detect_head`` does not give: the same score of uniform attention as the reference, a 95%
+bootstrap interval over prompts, a role under the Benjamini–Hochberg rule, and ``verify`` (the top
+heads ablated against random same-layer heads, by the prompts' next-token loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headscope import detectors
+from headscope.data.prompts import PromptSet, TextItem, display_path, load_texts
+from headscope.detectors.patterns import NAMED
+from headscope.detectors.target import PatternDetector, check_name, check_patterns
+from headscope.errors import InputError
+from headscope.rolespec import RoleSpec
+from headscope.verdicts.roles import RoleRule
+
+from .base import _prompt_set_report, encode_texts, model_batches, score_batches
+from .checks import Check, _TableChecked
+from .protocol import HELP_BATCH, Outcome, Stats, check_common, option, register
+
+
+@dataclass(kw_only=True)
+class DetectOptions(Stats):
+    prompts: str | Path | list[str] | None = option(
+        None, "The prompts: a list of texts, or a prompt set (.yaml, .jsonl or .txt, one text per line)."
+    )
+    pattern: Any = option(
+        None,
+        "What a head should attend to: 'previous_token_head', 'duplicate_token_head' or 'induction_head' "
+        "(TransformerLens' named patterns), a function of one prompt's token ids [T] -> [T, T], one [T, T] "
+        "tensor for every prompt, or a list of them, one per prompt. T counts the special tokens the "
+        "tokenizer adds.",
+    )
+    score: str = option(
+        "mul",
+        "mul: the share of the head's attention on the pattern; abs: 1 - the mean absolute error per row.",
+        choices=("mul", "abs"),
+    )
+    exclude_bos: bool = option(False, "Leave the first key (BOS) out, as TransformerLens' exclude_bos.")
+    exclude_current_token: bool = option(
+        False, "Leave each query's own key out, as TransformerLens' exclude_current_token."
+    )
+    name: str = option("pattern", "The detector's name in the tables, the CSV and the JSON.")
+    label: str | None = option(None, "The role's label in the role map (default: the name).")
+    verify: bool = option(
+        False, "Ablate the top heads and random same-layer heads; report the prompts' next-token loss."
+    )
+    verify_k: int = option(3, "Heads ablated by verify.", min=1)
+    batch_size: int = option(8, HELP_BATCH, min=1)
+    role_threshold: float = option(0.3, "Minimum score for a role.")
+    role_margin: float = option(0.05, "ci_low must clear the baseline by this much.")
+    alpha: float = option(0.05, "False discovery rate for roles (Benjamini–Hochberg).", min=0.0, max=1.0)
+
+
+@dataclass(frozen=True)
+class DetectInputs:
+    """What ``check`` read and checked before the model loads."""
+
+    prompts: PromptSet
+    pattern: Callable[[torch.Tensor], torch.Tensor] | Sequence[torch.Tensor]
+    rule: RoleRule
+
+
+def _prompt_set(prompts: Any) -> PromptSet:
+    if prompts is None:
+        raise InputError("detect: prompts= is required", hint="a list of texts, or a prompt set file")
+    if isinstance(prompts, str | Path) and Path(prompts).suffix.lower() in (
+        ".yaml",
+        ".yml",
+        ".jsonl",
+        ".txt",
+    ):
+        return load_texts(prompts)
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    items = []
+    for index, text in enumerate(prompts):
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"detect: prompts[{index}] is not a non-empty text")
+        items.append(TextItem(f"prompt-{index}", text, None, f"prompts[{index}]"))
+    if not items:
+        raise InputError("detect: prompts= is empty")
+    return PromptSet("prompts", items, "prompts=")
+
+
+def _pattern(pattern: Any, n_prompts: int) -> Callable[[torch.Tensor], torch.Tensor] | list[torch.Tensor]:
+    if pattern is None:
+        raise InputError(
+            "detect: pattern= is required", hint=f"e.g. {', '.join(NAMED)}, or a function of the ids"
+        )
+    if isinstance(pattern, str):
+        if pattern not in NAMED:
+            raise InputError(
+                f"detect: pattern={pattern!r} is not a named pattern", hint=f"choose from {', '.join(NAMED)}"
+            )
+        return NAMED[pattern]
+    if isinstance(pattern, torch.Tensor):
+        if pattern.dim() != 2:
+            raise InputError(f"detect: pattern= has shape {tuple(pattern.shape)}; a pattern is [T, T]")
+        return [pattern] * n_prompts
+    if isinstance(pattern, list | tuple) and all(isinstance(p, torch.Tensor) for p in pattern):
+        if len(pattern) != n_prompts:
+            raise InputError(
+                f"detect: {len(pattern)} patterns for {n_prompts} prompts", hint="give one per prompt"
+            )
+        return list(pattern)
+    if callable(pattern):
+        return pattern
+    raise InputError(
+        f"detect: pattern= takes a name, a function of the token ids, or [T, T] tensors; got {type(pattern).__name__}"
+    )
+
+
+@register
+class Detect(_TableChecked):
+    name = "detect"
+    summary = "Your own attention pattern, TransformerLens style: every head scored, with a baseline, an interval and a role."
+    options = DetectOptions
+    json_roles = True
+    cli = False  # the pattern is a tensor or a function: a Python-only analysis
+    positional = ("prompts", "pattern")  # hs.detect(model, tokenizer, prompts, pattern, ...)
+
+    def check(self, options: DetectOptions) -> DetectInputs:
+        check_common(options)
+        check_name(options.name)
+        if options.label is not None:
+            check_name(options.label, "label")
+        existing = detectors.REGISTRY.get(options.name)
+        if existing is not None and not isinstance(existing, PatternDetector):
+            raise InputError(
+                f"detect: name={options.name!r} is the {detectors.REGISTRY.origin(options.name)} detector",
+                hint="choose another name= for your pattern",
+            )
+        prompt_set = _prompt_set(options.prompts)
+        return DetectInputs(
+            prompt_set,
+            _pattern(options.pattern, len(prompt_set.items)),
+            RoleRule(threshold=options.role_threshold, margin=options.role_margin, alpha=options.alpha),
+        )
+
+    def run(self, loaded: Any, options: DetectOptions, prepared: DetectInputs, progress: Any) -> Outcome:
+        prompt_set = prepared.prompts
+        sequences, specials = encode_texts(loaded, prompt_set)
+        if callable(prepared.pattern):
+            made = []
+            for index, ids in enumerate(sequences):
+                try:
+                    made.append(prepared.pattern(torch.tensor(ids, dtype=torch.long)))
+                except Exception as exc:  # noqa: BLE001 - the user's function: say which prompt
+                    raise InputError(
+                        f"detect: pattern({prompt_set.items[index].source}'s token ids) raised "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+        else:
+            made = list(prepared.pattern)
+        patterns = check_patterns(options.name, made, [len(s) for s in sequences], loaded.is_causal)
+        notes = []
+        values = torch.cat([p.flatten() for p in patterns]).unique()
+        if options.score == "mul" and not bool(((values == 0) | (values == 1)).all()):
+            notes.append(
+                f"{options.name}: the pattern holds values other than 0 and 1; 'mul' then weights the "
+                "attention by them (TransformerLens warns the same)"
+            )
+        if all(float(p.sum()) == 0 for p in patterns):
+            raise InputError(f"detect: the pattern {options.name!r} is all zeros on every prompt")
+        label = options.label or options.name
+        role = RoleSpec(
+            label,
+            f"{options.name} ({options.score} against your pattern)",
+            data=prompt_set.name,
+            verify="text",
+        )
+        detector = PatternDetector(
+            options.name,
+            patterns=patterns,
+            score=options.score,  # type: ignore[arg-type]
+            exclude_bos=options.exclude_bos,
+            exclude_current_token=options.exclude_current_token,
+            role=role,
+        )
+        # Registered (replacing an earlier hs.detect of the same name) so the role map, the legends
+        # and the report find its role as they find a built-in's.
+        if options.name in detectors.REGISTRY:
+            detectors.REGISTRY.unregister(options.name)
+        detectors.REGISTRY.register(detector)
+        batches = model_batches(loaded, sequences, specials, options.batch_size)
+        results = score_batches(
+            loaded, batches, [detector], len(sequences), prompt_set.name, progress=progress
+        )
+        description = f"{display_path(prompt_set.path)} ({len(sequences)} prompts)"
+        report = _prompt_set_report(
+            loaded,
+            results,
+            prompt_set.name,
+            description,
+            notes,
+            batches,
+            options.resamples,
+            options.seed,
+            role_rule=prepared.rule,
+        )
+        return Outcome(report, state={"rule": prepared.rule})
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None
+    ) -> list[Check]:
+        from .ablation import verify as verify_tables
+
+        # n counts prompts here (one score per prompt), not tokens: any number of prompts is checked.
+        checks = verify_tables(
+            loaded, outcome.report, k=k or options.verify_k, seed=options.seed, progress=progress, min_n=1
+        )
+        return [Check("table", c) for c in checks]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        tables = [c.to_json() for c in outcome.checks if c.kind == "table"]
+        return {"role_rule": outcome.state["rule"].describe(), "verification": tables or None}
