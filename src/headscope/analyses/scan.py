@@ -112,6 +112,18 @@ def scan(
                 loaded, batches, text_detectors, len(sequences), text_set.name, progress=progress
             )
 
+    # Declared detectors that bring their own prompt set (a plugin's brackets, say): one part per set.
+    for path, own in _own_sources(detector_names).items():
+        own_set = load_texts(path)
+        with parts.part(own_set.name) as part:
+            sequences, specials = encode_texts(loaded, own_set)
+            batches = model_batches(loaded, sequences, specials, batch_size)
+            part.descriptions[own_set.name] = f"{display_path(own_set.path)} ({len(sequences)} texts)"
+            part.inputs[own_set.name] = batches
+            part.results += score_batches(
+                loaded, batches, own, len(sequences), own_set.name, progress=progress
+            )
+
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
         with parts.part("repeated-tokens") as part:
@@ -191,6 +203,20 @@ def scan(
         outcomes={k: v for p in parts.done for k, v in p.outcomes.items()},
         timings=parts.timings,
     )
+
+
+def _own_sources(names: Sequence[str] | None) -> dict[str, list[Any]]:
+    """Detectors whose source is a prompt-set file, grouped by that file (in registry order)."""
+
+    grouped: dict[str, list[Any]] = {}
+    for detector in detectors.create(list(names) if names is not None else None):
+        if detector.default_source not in BUILT_IN_SOURCES:
+            grouped.setdefault(detector.default_source, []).append(detector)
+    return grouped
+
+
+# The sources the scan reads itself: its text set, repeated random tokens, and its shipped sets.
+BUILT_IN_SOURCES = ("text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval")
 
 
 @dataclass
@@ -370,6 +396,8 @@ class Scan(Analysis):
             include_weights = include_weights and "weights" in names
             names = [n for n in names if n != "weights"]
             detectors.create(names)  # reject unknown names before loading anything
+        for path in _own_sources(names):
+            load_texts(path)  # a declared detector's own prompt set: read and checked before the model
         options.repeat_spec(options.seed).validate()
         text = options.text if options.text is not None else builtin(DEFAULT_TEXT_SET)
         return ScanInputs(

@@ -21,28 +21,34 @@ SAME = {'"'}  # a quote closes the last open quote of the same kind
 PROMPTS = Path(__file__).parent / "brackets.txt"
 
 
+OPENING = set(PAIRS.values())
+
+
 def _bare(token: str) -> str:
     """A token string without the tokenizer's word-start mark (Ġ in byte-level BPE, ▁ in SentencePiece)."""
-    return token.lstrip("Ġ▁ ").strip()
+    return token.replace("Ġ", "").replace("▁", "").strip()
 
 
 def bracket_targets(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows, queries, keys): from each closing bracket (a token that is only that bracket) to the
-    token that opened it; unmatched brackets have no target."""
+    """(rows, queries, keys): from each token that closes a bracket or quote to the token that
+    opened it. Tokens are read character by character, so "),", "(\"" and ")." count; a pair
+    inside one token ("()") and unmatched brackets give no target."""
     rows, queries, keys = [], [], []
     for row in range(batch.input_ids.shape[0]):
         stack: list[tuple[str, int]] = []
         for position, token in enumerate(batch.tokens(row)):
-            bare = _bare(token)
-            if bare in PAIRS.values():
-                stack.append((bare, position))
-            elif bare in SAME:
-                if stack and stack[-1][0] == bare:
-                    rows.append(row), queries.append(position), keys.append(stack.pop()[1])
-                else:
-                    stack.append((bare, position))
-            elif bare in PAIRS and stack and stack[-1][0] == PAIRS[bare]:
-                rows.append(row), queries.append(position), keys.append(stack.pop()[1])
+            for char in _bare(token):
+                closes = PAIRS.get(char) or (
+                    char if char in SAME and stack and stack[-1][0] == char else None
+                )
+                if closes is not None and stack and stack[-1][0] == closes:
+                    opened_at = stack.pop()[1]
+                    if opened_at != position:
+                        rows.append(row), queries.append(position), keys.append(opened_at)
+                elif char in OPENING or char in SAME:
+                    stack.append((char, position))
+    found = {(r, q, k) for r, q, k in zip(rows, queries, keys, strict=True)}  # one target per pair of tokens
+    rows, queries, keys = (list(part) for part in zip(*sorted(found), strict=True)) if found else ([], [], [])
     return (
         torch.tensor(rows, dtype=torch.long),
         torch.tensor(queries, dtype=torch.long),
