@@ -140,8 +140,6 @@ class Induction(Analysis):
     def check(self, options: InductionOptions) -> None:
         check_common(options)
         options.repeat_spec(options.seed, options.bos).validate()
-        if options.ablate < 0:
-            raise InputError(f"--ablate must be at least 0, got {options.ablate}")
 
     def run(self, loaded: Any, options: InductionOptions, prepared: None, progress: Any) -> Outcome:
         if options.ablate:

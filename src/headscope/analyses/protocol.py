@@ -296,19 +296,17 @@ def execute(
 
 
 def check_common(options: Any) -> None:
-    """Checks every analysis shares: resamples, batch size, draws, ablation mode."""
-    if hasattr(options, "resamples"):
-        check_resamples(options.resamples)
-    for name in ("batch_size", "draws", "verify_k"):
-        value = getattr(options, name, 1)
-        if value is not None and value < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    mode = getattr(options, "ablation", "zero")
-    if mode not in ("zero", "mean"):
-        raise InputError(f"--ablation must be zero or mean, got {mode!r}")
-    for name in ("seq_len", "n_seqs"):
-        if getattr(options, name, 1) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+    """Every option of ``options`` through :func:`check_value` (type, range, choices, NaN and
+    infinity, its own check): the one place options are checked, whatever built the dataclass (the
+    API's keywords, the CLI's flags, a sweep's values, or a caller's own ``ScanOptions(...)``).
+    Each analysis' ``check`` calls it first; what it checks after is what no single option shows."""
+    kind = type(options)
+    owner = next((a.name for a in ANALYSES.builtins().values() if a.options is kind), None)
+    if owner is None:
+        owner = next((a.name for a in ANALYSES.values() if a.options is kind), kind.__name__)
+    hints = typing.get_type_hints(kind)
+    for declared in dataclasses.fields(options):
+        check_value(owner, declared, hints[declared.name], getattr(options, declared.name))
 
 
 def _accept(obj: Any) -> Analysis:

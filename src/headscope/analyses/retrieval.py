@@ -550,8 +550,6 @@ class Retrieval(Analysis):
 
     def check(self, options: RetrievalOptions) -> NeedleInputs:
         check_common(options)
-        if options.needles is not None and options.needles < 1:
-            raise InputError(f"--needles must be at least 1, got {options.needles}")
         return _needle_inputs(options)
 
     def run(self, loaded: Any, options: RetrievalOptions, prepared: NeedleInputs, progress: Any) -> Outcome:

@@ -382,8 +382,6 @@ class Scan(Analysis):
 
     def check(self, options: ScanOptions) -> ScanInputs:
         check_common(options)
-        if not 0.0 <= options.alpha <= 1.0:
-            raise InputError(f"--alpha must be between 0 and 1, got {options.alpha}")
         names = split_names(options.detectors)
         if names is not None and not names:
             if isinstance(options.detectors, str) and not options.detectors.strip():

@@ -141,8 +141,6 @@ class Syntax(_TableChecked):
 
     def check(self, options: SyntaxOptions) -> SyntaxInputs:
         check_common(options)
-        if options.limit is not None and options.limit < 1:
-            raise InputError(f"--limit must be at least 1, got {options.limit}")
         source = options.treebank if options.treebank is not None else builtin(DEFAULT_TREEBANKS[0])
         parsed = read_conllu(source, skip_bad=options.skip_bad, limit=options.limit)
         wanted = split_names(options.relations) or None
