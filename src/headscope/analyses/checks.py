@@ -1,7 +1,8 @@
 """The causal checks the analyses return from ``verify``, and the helpers their modules share.
 
-A :class:`Check` is one causal check: ``kind`` picks its printer in ``outputs`` (``CHECK_PRINTERS``),
-``value`` is the analysis' own record, and ``to_json`` is what the result JSON carries.
+A :class:`Check` is one causal check: ``value`` is the analysis' own record, whose type picks its
+printer in ``outputs`` (``report.check_printers``); ``kind`` names it in the analysis' JSON; and
+``to_json`` is what the result JSON carries.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from .protocol import Analysis, Outcome
 
 @dataclass
 class Check:
-    """One causal check: ``kind`` picks its printer in ``outputs``; ``value`` is the analysis' own record."""
+    """One causal check: ``value`` is the analysis' own record (its type picks the printer);
+    ``kind`` names the check in the analysis' JSON."""
 
     kind: str
     value: Any
 
     def to_json(self) -> dict[str, Any]:
-        if self.kind == "table":
+        from .ablation import Verification
+
+        if isinstance(self.value, Verification):
             value = self.value
             return {
                 **dataclasses.asdict(value),

@@ -139,7 +139,9 @@ class Result:
         """``hs.kv_plan``'s plan with its verification: a ``KVPlan`` (``ranked``, ``rows``, ``sparsities``,
         ``to_json()``), its JSON record for a result read from a file, None for other analyses."""
         if self._outcome is not None:
-            return next((c.value for c in self._outcome.checks if c.kind == "kv-plan"), None)
+            from headscope.analyses.kvplan import KVPlan
+
+            return next((c.value for c in self._outcome.checks if isinstance(c.value, KVPlan)), None)
         return (self._saved or {}).get("kv_plan")
 
     def tables(self) -> pd.DataFrame:

@@ -757,15 +757,6 @@ def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
 
 # --- a whole result, with its causal checks ------------------------------------------------------------
 
-# One printer per kind of check (analyses.checks.Check.kind); "table" checks print as one table.
-CHECK_PRINTERS: dict[str, Callable[[Any, Console], None]] = {
-    "induction": print_ablation,
-    "retrieval": print_retrieval_ablation,
-    "successor": print_successor_ablation,
-    "ioi": print_ioi_verification,
-    "kv-plan": lambda plan, console: _print_kv_plan(plan, console),
-}
-
 
 def _print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
     from headscope.outputs.kvplan import print_kv_plan
@@ -773,24 +764,53 @@ def _print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
     print_kv_plan(plan, console, top)
 
 
+def check_printers() -> dict[type, Callable[..., None]]:
+    """One printer per type of check value (what an analysis' ``verify`` records): chosen by type,
+    so a new check is its record type and its printer here, with no name to keep in step. Table
+    checks (``Verification``) print together as one table, in :func:`print_checks`."""
+    from headscope.analyses.ablation import AblationResult
+    from headscope.analyses.ioi import IOIVerification
+    from headscope.analyses.kvplan import KVPlan
+    from headscope.analyses.retrieval import RetrievalAblation
+    from headscope.analyses.weights import SuccessorAblation
+
+    return {
+        AblationResult: print_ablation,
+        RetrievalAblation: print_retrieval_ablation,
+        SuccessorAblation: print_successor_ablation,
+        IOIVerification: print_ioi_verification,
+        KVPlan: _print_kv_plan,
+    }
+
+
 def print_checks(
     checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool, top: int = 10
 ) -> None:
-    """The causal checks: every table check in one table, then each other check by its kind's printer
-    (``top`` rows where the printer lists heads: kv-plan's KV heads)."""
-    tables = [c.value for c in checks if c.kind == "table"]
+    """The causal checks: every table check in one table, then each other check by its type's printer
+    (``top`` rows where the printer lists heads: kv-plan's KV heads). A check of a type with no
+    printer (a plugin's) prints its JSON."""
+    from headscope.analyses.ablation import Verification
+
+    tables = [c.value for c in checks if isinstance(c.value, Verification)]
     if tables or verified:
         k = k or max((len(t.heads) for t in tables), default=0)
         print_verification(tables, console, k, "zero")
         console.print()
+    printers = check_printers()
     for check in checks:
-        if check.kind != "table":
-            if check.kind == "kv-plan":
-                _print_kv_plan(check.value, console, top)
-            else:
-                CHECK_PRINTERS[check.kind](check.value, console)
-            if spaced:
-                console.print()
+        if isinstance(check.value, Verification):
+            continue
+        printer = next((p for kind, p in printers.items() if isinstance(check.value, kind)), None)
+        if printer is _print_kv_plan:
+            _print_kv_plan(check.value, console, top)
+        elif printer is not None:
+            printer(check.value, console)
+        else:
+            import json
+
+            console.print(json.dumps(check.to_json(), indent=2, default=str), markup=False, highlight=False)
+        if spaced:
+            console.print()
 
 
 def print_result(result: Any, console: Console, top: int, start: int = 0) -> None:
