@@ -35,10 +35,17 @@ class Registry(Mapping[str, T], Generic[T]):
     """
 
     def __init__(
-        self, kind: str, group: str, accept: Callable[[Any], T], name_of: Callable[[T], str]
+        self,
+        kind: str,
+        group: str,
+        accept: Callable[[Any], T],
+        name_of: Callable[[T], str],
+        clash: Callable[[T, dict[str, T]], str | None] | None = None,
     ) -> None:
         self.kind, self.group = kind, group
         self._accept, self._name_of = accept, name_of
+        # clash(new, registered) -> why ``new`` cannot sit beside the others (a role label taken), or None.
+        self._clash = clash or (lambda new, registered: None)
         self._builtin: dict[str, T] = {}
         self._plugins: dict[str, T] = {}
         self._runtime: dict[str, T] = {}
@@ -67,6 +74,10 @@ class Registry(Mapping[str, T], Generic[T]):
                 f"{self.kind} {name!r} is already defined by the plugin {self._origin[name]}",
                 hint="choose another name for yours",
             )
+        others = {k: v for k, v in self._all().items() if k != name}
+        why = self._clash(found, others)
+        if why is not None:
+            raise InputError(f"{self.kind} {name!r}: {why}", hint="choose another")
         self._runtime[name] = found
         return found
 

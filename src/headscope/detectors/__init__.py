@@ -49,7 +49,21 @@ def _accept(obj: Any) -> Declaration:
     )
 
 
-REGISTRY: Registry[Declaration] = Registry("detector", "headscope.detectors", _accept, lambda d: d.name)
+def _label_taken(new: Declaration, registered: dict[str, Declaration]) -> str | None:
+    """A role label names one role: the role map and the legends look roles up by it."""
+    for spec in new.role_specs():
+        for label in spec.labels():
+            for name, other in registered.items():
+                if not isinstance(other, PatternDetector) and any(
+                    label.label == taken.label for s in other.role_specs() for taken in s.labels()
+                ):
+                    return f"its role label {label.label!r} is the label of detector {name!r}"
+    return None
+
+
+REGISTRY: Registry[Declaration] = Registry(
+    "detector", "headscope.detectors", _accept, lambda d: d.name, _label_taken
+)
 for _builtin in (
     PreviousTokenDetector,
     DuplicateTokenDetector,
