@@ -13,11 +13,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# The analyses' functions (one per registered analysis: hs.scan, hs.kv_plan, …) and the names to
-# extend headscope with. Kept as a list here so that ``import headscope`` stays cheap;
-# tests/unit/test_api_stub.py checks it against the registry, and the generated __init__.pyi gives
-# editors every keyword.
-_ANALYSES = ("coref", "detect", "induction", "ioi", "kv_plan", "retrieval", "scan", "syntax", "weights")
+# The names to extend headscope with and the API's own functions. The analyses' functions (hs.scan,
+# hs.kv_plan, … one per registered analysis) come from the registry: ``__all__`` is computed on first
+# use (star-import and dir() read it), so ``import headscope`` stays cheap; the generated
+# __init__.pyi gives editors every keyword (tests/unit/test_api_stub.py).
 _API = (
     "Analysis",
     "Detector",
@@ -33,12 +32,15 @@ _API = (
     "run",
     "show",
     "sweep",
-    *_ANALYSES,
 )
-__all__ = sorted(["HeadscopeError", "InputError", "Result", "__version__", *_API])
+_ROOT = ("HeadscopeError", "InputError", "Result", "__version__")
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        from headscope.api import ANALYSIS_FUNCTIONS
+
+        return sorted([*_ROOT, *_API, *ANALYSIS_FUNCTIONS])
     if name in ("HeadscopeError", "InputError"):
         from headscope import errors
 
@@ -66,4 +68,4 @@ def _is_submodule(name: str) -> bool:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return __getattr__("__all__")
