@@ -126,6 +126,7 @@ def load(
     model.eval()
     if device_name is not None:
         model.to(device_name)
+    check_tokenizer_fits(model, tokenizer)
     causal = is_causal_config(model.config)
     layout = HeadLayout.from_config(model.config, tokenizer)
     mode = decide_capture(model, capture)
@@ -161,3 +162,41 @@ def decide_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
         type(model).__name__,
     )
     return "eager"
+
+
+def check_weights_present(model: Any) -> None:
+    """A model whose weights are on the meta device (created empty, or offloaded by accelerate) has
+    nothing to run: refused before any forward pass, saying what to do."""
+    on_meta = [name for name, parameter in model.named_parameters() if parameter.device.type == "meta"]
+    if on_meta:
+        offloaded = hasattr(model, "hf_device_map") or any(hasattr(m, "_hf_hook") for m in model.modules())
+        why = "offloaded by accelerate (device_map with disk or CPU offload)" if offloaded else "not loaded"
+        raise InputError(
+            f"{type(model).__name__}: {len(on_meta)} of its weights are on the meta device ({why}; "
+            f"first: {on_meta[0]})",
+            hint="load the weights (from_pretrained without offloading, or load_state_dict), or pass the "
+            "model's folder as a spec with device_map='auto' so headscope loads it",
+        )
+
+
+def check_tokenizer_fits(model: Any, tokenizer: Any) -> None:
+    """A tokenizer from another model would index past the embedding (an IndexError deep in torch)
+    or, worse, run on the wrong ids: refused before any forward pass, naming both sizes."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is None:
+        return
+    size = len(tokenizer)
+    if size > rows:
+        raise InputError(
+            f"the tokenizer has {size:,} tokens but the model's embedding has {rows:,} rows: it is not this "
+            "model's tokenizer (or tokens were added without model.resize_token_embeddings)",
+            hint="pass the tokenizer the model was trained with",
+        )
+    outside = sorted({int(i) for i in tokenizer.all_special_ids if i is not None and not 0 <= int(i) < rows})
+    if outside:
+        raise InputError(
+            f"the tokenizer's special token ids {', '.join(map(str, outside))} fall outside the model's "
+            f"embedding of {rows:,} rows",
+            hint="pass the tokenizer the model was trained with",
+        )

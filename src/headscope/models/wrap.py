@@ -7,7 +7,7 @@ from typing import Any, Literal
 from headscope.errors import InputError, ModelLoadError
 
 from .layout import HeadLayout, LoadedModel
-from .load import can_stream, decide_capture, is_causal_config
+from .load import can_stream, check_tokenizer_fits, check_weights_present, decide_capture, is_causal_config
 
 CaptureName = Literal["auto", "stream", "eager"]
 
@@ -36,6 +36,8 @@ def wrap(
         )
     if not callable(tokenizer) or not hasattr(tokenizer, "all_special_ids"):
         raise InputError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
+    check_weights_present(model)
+    check_tokenizer_fits(model, tokenizer)
     config = model.config
     causal = is_causal_config(config)
     mode = decide_capture(model, capture)
