@@ -313,3 +313,30 @@ def test_scan_prints_parts_as_they_finish_and_profiles(toy_dir, toy_texts, tmp_p
         k.strip(" ·") for k in steps
     }
     assert "profile:" not in at_end.stderr
+
+
+def test_every_analysis_command_is_derived_from_the_registry():
+    """Its help is the summary; its flags are its options, the shared groups it takes and the outputs
+    it declares (before the model loads, an output whose option is missing is refused)."""
+    import typer.main
+
+    from headscope.analyses.protocol import ANALYSES
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, analysis in ANALYSES.items():
+        if not analysis.cli:
+            assert name not in commands
+            continue
+        command = commands[name]
+        assert command.help.startswith(analysis.summary)
+        flags = {flag for param in command.params for flag in param.opts}
+        assert {o.flag for o in analysis.outputs} <= flags
+        assert ("--top" in flags) == analysis.takes_top
+        assert ("--capture" in flags) == analysis.takes_capture
+        assert {"--csv", "--format", "--device"} <= flags
+
+
+def test_an_output_that_needs_an_option_is_refused_before_the_model_loads(tmp_path):
+    result = invoke("induction", tmp_path / "no-such-model", "--json", tmp_path / "a.json")
+    assert_clean_error(result, 2, "--json writes the ablation result (add --ablate K)")
+    assert not (tmp_path / "a.json").exists()

@@ -33,6 +33,7 @@ from .protocol import (
     HELP_DRAWS,
     Analysis,
     Outcome,
+    Output,
     Repeat,
     Stats,
     check_common,
@@ -136,6 +137,16 @@ class Induction(Analysis):
     summary = "Repeated random tokens: induction and duplicate-token heads, and loss on each copy."
     options = InductionOptions
     sweepable = True
+    outputs = (
+        Output(
+            "--json",
+            "Write the ablation result as JSON (atomic).",
+            "ablation-json",
+            needs="ablate",
+            refusal="--json writes the ablation result",
+            hint="add --ablate K",
+        ),
+    )
 
     def check(self, options: InductionOptions) -> None:
         check_common(options)

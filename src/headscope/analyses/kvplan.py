@@ -44,7 +44,7 @@ from headscope.verdicts.stats import bootstrap_ratio
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 from .checks import Check, _one_check
-from .protocol import Analysis, Outcome, Stats, check_common, option, register
+from .protocol import Analysis, Outcome, Output, Stats, check_common, option, register
 from .retrieval import (
     NeedleInputs,
     NeedlePrompt,
@@ -847,6 +847,19 @@ class KVPlanAnalysis(Analysis):
     options = KVPlanOptions
     takes_capture = False
     print_sections = False
+    outputs = (
+        Output(
+            "--out",
+            "Write the plan into this folder: DuoAttention's full_attention_heads.tsv and config.json "
+            "(and one folder per sparsity), plan.csv and curve.png.",
+            "plan-folder",
+            kind="folder",
+            first=True,
+        ),
+        Output(
+            "--html", "Write a self-contained HTML report with the KV-head grid.", "html-grid", first=True
+        ),
+    )
 
     def check(self, options: KVPlanOptions) -> KVPlanInputs:
         check_common(options)

@@ -108,6 +108,29 @@ class Outcome:
     extra_json: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Output:
+    """A file or folder an analysis' command writes besides ``--csv`` and ``-o`` (``--html``,
+    ``--png``, ``--out``): its flag and help text, and its writer. The writers live above the
+    analyses (outputs, the API's Result), so ``writer`` names one in the CLI's table
+    (``headscope.cli.analyses.WRITERS``); a plugin may give its own ``writer(result, path, force)``.
+
+    ``needs`` names an option this output needs (``--json`` writes the ablation: ``ablate``); when
+    it is not set the command stops, before the model loads, with ``refusal`` (default: "--json
+    needs --ablate") and ``hint``."""
+
+    flag: str
+    help: str
+    writer: str | Callable[[Any, Path, bool], None]
+    # "file": checked with --csv and -o before the model loads; "folder": its writer's own check.
+    kind: str = "file"
+    needs: str | None = None
+    refusal: str = ""
+    hint: str | None = None
+    # Listed right after the analysis' options (the run's figure or plan), not after --csv.
+    first: bool = False
+
+
 class Analysis:
     """The protocol. Subclasses set ``name``, ``options`` and override the steps."""
 
@@ -125,6 +148,10 @@ class Analysis:
     print_sections: ClassVar[bool] = True
     # A sweep can run it: its result is one tidy table per model, from short prompts.
     sweepable: ClassVar[bool] = False
+    # The command's shared options: --top (heads per table; syntax shows every relation's best).
+    takes_top: ClassVar[bool] = True
+    # The files or folders the command writes besides --csv and -o (see Output).
+    outputs: ClassVar[tuple[Output, ...]] = ()
     # It has a command (headscope NAME); False where an option is not a command-line value (hs.detect's
     # patterns are tensors or functions).
     cli: ClassVar[bool] = True

@@ -37,7 +37,17 @@ from headscope.verdicts.stats import check_resamples
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 from .checks import Check, _one_check, _too_many
-from .protocol import HELP_ABLATION, HELP_DRAWS, Analysis, Outcome, Stats, check_common, option, register
+from .protocol import (
+    HELP_ABLATION,
+    HELP_DRAWS,
+    Analysis,
+    Outcome,
+    Output,
+    Stats,
+    check_common,
+    option,
+    register,
+)
 
 Head = tuple[int, int]
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -547,6 +557,9 @@ class Retrieval(Analysis):
     )
     options = RetrievalOptions
     takes_capture = False
+    outputs = (
+        Output("--png", "Draw needle accuracy by context and depth into this PNG.", "needle-png", first=True),
+    )
 
     def check(self, options: RetrievalOptions) -> NeedleInputs:
         check_common(options)

@@ -37,6 +37,7 @@ from .protocol import (
     HELP_BATCH,
     Analysis,
     Outcome,
+    Output,
     Repeat,
     Stats,
     check_common,
@@ -379,6 +380,10 @@ class Scan(Analysis):
     sweepable = True
     json_roles = True
     spaced_checks = True
+    outputs = (
+        Output("--roles-csv", "Write one row per head: its role and the score behind it.", "roles-csv"),
+        Output("--html", "Write a self-contained HTML report (role map, head panels, tables).", "html"),
+    )
 
     def check(self, options: ScanOptions) -> ScanInputs:
         check_common(options)

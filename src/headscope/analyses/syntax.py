@@ -138,6 +138,7 @@ class Syntax(_TableChecked):
     )
     options = SyntaxOptions
     sweepable = True
+    takes_top = False
 
     def check(self, options: SyntaxOptions) -> SyntaxInputs:
         check_common(options)

@@ -2,7 +2,8 @@
 
 Options are declared once, as dataclass fields (:mod:`headscope.cli.params`): the analyses' own
 options live with the analyses (the API reads the same fields); the shared groups, errors and
-output handling are in :mod:`headscope.cli.common`; each command is its options plus one call.
+output handling are in :mod:`headscope.cli.common`; each analysis' command is derived from the
+registry (:mod:`headscope.cli.analyses`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,7 @@ import typer
 
 from headscope import __version__
 
-from . import (  # noqa: F401  (registers the commands)
-    analyses,
-    plugins,  # noqa: F401, I001  (after them: commands for the plugins' analyses)
-    tools,
-)
+from . import analyses, tools  # noqa: F401  (registers the commands: the analyses', then the others)
 from .common import BROKEN_PIPE_EXIT, app, out, quiet_broken_pipe
 
 

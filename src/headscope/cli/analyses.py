@@ -1,23 +1,26 @@
-"""The analysis commands: each is its options plus one call of the API (:func:`common.run_analysis`)."""
+"""The analysis commands, derived from the registry: one per registered analysis, built-in or a
+plugin's (entry-point group ``headscope.analyses``), unless it says it has none (``cli = False``).
+
+Each is the analysis' options (its dataclass fields: flags, help texts, ranges, choices), the shared
+groups it takes (``--top``, ``--capture``), its declared outputs (:class:`Output`: ``--html``,
+``--png``, ``--out``), its summary as the help text, and one call of :func:`common.run_analysis`.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from headscope import files
-from headscope.analyses.coref import CorefOptions
-from headscope.analyses.induction import InductionOptions
-from headscope.analyses.ioi import IOIOptions
-from headscope.analyses.kvplan import KVPlanOptions
-from headscope.analyses.retrieval import RetrievalOptions
-from headscope.analyses.scan import ScanOptions
-from headscope.analyses.syntax import SyntaxOptions
-from headscope.analyses.weights import WeightsOptions
+from headscope.analyses.protocol import ANALYSES, Analysis, Output
 from headscope.errors import InputError
+from headscope.registry import PluginWarning
 
 from .common import (
     DEFAULT_MODEL,
@@ -38,221 +41,173 @@ from .common import (
 )
 from .params import command
 
-# --- analyses ----------------------------------------------------------------------------------------
+
+def _show_plugin_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A plugin left out is one line on stderr (the host's commands go on)."""
+    if issubclass(category, PluginWarning):
+        err.print(f"warning: {message}", soft_wrap=True, markup=False, highlight=False)
+    else:
+        _previous(message, category, *args, **kwargs)
 
 
-@command(app)
-def scan(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: ScanOptions,
-    top: Top,
-    csv: Csv,
-    roles_csv: Annotated[
-        Path | None,
-        typer.Option("--roles-csv", help="Write one row per head: its role and the score behind it."),
-    ] = None,
-    html: Annotated[
-        Path | None,
-        typer.Option("--html", help="Write a self-contained HTML report (role map, head panels, tables)."),
-    ] = None,
-    emit: Emit,
-    load: Load,
-    capture: Capture,
-) -> None:
-    """Score every head with every detector, print the top heads of each and the role map."""
+_previous = warnings.showwarning
+warnings.showwarning = _show_plugin_warning
 
-    def after(result: Any) -> None:
-        if roles_csv is not None:
-            wrote(files.write_atomic(roles_csv, result.to_csv(roles=True), "--roles-csv", emit.force))
-        if html is not None:
-            write_html(html, result.html(command=command_line()), emit.force)
+# --- the writers the analyses' outputs name (they live above the analyses) ---------------------------
 
-    run_analysis(
-        "scan",
-        model,
-        options,
-        load,
-        emit,
-        capture=capture.capture,
-        top=top.top,
-        csv=csv.csv,
-        outputs=(("--roles-csv", roles_csv), ("--html", html)),
-        after=after,
-    )
+Writer = Callable[[Any, Path, bool], None]
 
 
-@command(app)
-def induction(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: InductionOptions,
-    top: Top,
-    csv: Csv,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the ablation result as JSON (atomic).")
-    ] = None,
-    emit: Emit,
-    load: Load,
-    capture: Capture,
-) -> None:
-    """Repeated random tokens: induction and duplicate-token heads, and loss on each copy."""
-
-    def after(result: Any) -> None:
-        if json_out is not None and result.checks:
-            text = json.dumps(result.checks[0].to_json(), indent=2) + "\n"
-            wrote(files.write_atomic(json_out, text, "--json", emit.force))
-
-    if json_out is not None and not options.ablate:
-        with handle_errors(emit.debug):
-            check_outputs(emit.force, ("--json", json_out))
-            raise InputError("--json writes the ablation result", hint="add --ablate K")
-    run_analysis(
-        "induction",
-        model,
-        options,
-        load,
-        emit,
-        capture=capture.capture,
-        top=top.top,
-        csv=csv.csv,
-        outputs=(("--json", json_out),),
-        after=after,
-    )
+def _roles_csv(result: Any, path: Path, force: bool) -> None:
+    wrote(files.write_atomic(path, result.to_csv(roles=True), "--roles-csv", force))
 
 
-@command(app)
-def syntax(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: SyntaxOptions,
-    csv: Csv,
-    emit: Emit,
-    load: Load,
-    capture: Capture,
-) -> None:
-    """Syntactic heads: per relation and direction, the best head against the best positional baseline."""
-    run_analysis("syntax", model, options, load, emit, capture=capture.capture, csv=csv.csv)
+def _html(examples: bool) -> Writer:
+    def write(result: Any, path: Path, force: bool) -> None:
+        write_html(path, result.html(command=command_line(), examples=examples), force)
+
+    return write
 
 
-@command(app)
-def coref(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: CorefOptions,
-    top: Top,
-    csv: Csv,
-    emit: Emit,
-    load: Load,
-    capture: Capture,
-) -> None:
-    """Coreference heads: does the pronoun attend most to its antecedent?"""
-    run_analysis("coref", model, options, load, emit, capture=capture.capture, top=top.top, csv=csv.csv)
+def _ablation_json(result: Any, path: Path, force: bool) -> None:
+    if result.checks:
+        text = json.dumps(result.checks[0].to_json(), indent=2) + "\n"
+        wrote(files.write_atomic(path, text, "--json", force))
 
 
-@command(app)
-def retrieval(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: RetrievalOptions,
-    png: Annotated[
-        Path | None, typer.Option("--png", help="Draw needle accuracy by context and depth into this PNG.")
-    ] = None,
-    top: Top,
-    csv: Csv,
-    emit: Emit,
-    load: Load,
-) -> None:
-    """Needle in a haystack: needle accuracy by context and depth, and the heads that copy the needle."""
+def _needle_png(result: Any, path: Path, force: bool) -> None:
+    from headscope.outputs import views
 
-    def after(result: Any) -> None:
-        if png is not None:
-            from headscope.outputs import views
-
-            state = result.state
-            with files.atomic_path(png, "--png", emit.force) as tmp:
-                views.save_needle_png(state["needle"], tmp, f"{result.model}: {state['title']}")
-            wrote(png)
-
-    run_analysis(
-        "retrieval",
-        model,
-        options,
-        load,
-        emit,
-        top=top.top,
-        csv=csv.csv,
-        outputs=(("--png", png),),
-        after=after,
-    )
+    with files.atomic_path(path, "--png", force) as tmp:
+        views.save_needle_png(result.state["needle"], tmp, f"{result.model}: {result.state['title']}")
+    wrote(path)
 
 
-@command(app)
-def ioi(
-    model: ModelArg = DEFAULT_MODEL, *, options: IOIOptions, top: Top, csv: Csv, emit: Emit, load: Load
-) -> None:
-    """Indirect object identification: name movers, negative name movers and S-inhibition heads."""
-    run_analysis("ioi", model, options, load, emit, top=top.top, csv=csv.csv)
-
-
-@command(app, "kv-plan")
-def kv_plan(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    options: KVPlanOptions,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="Write the plan into this folder: DuoAttention's full_attention_heads.tsv and config.json "
-            "(and one folder per sparsity), plan.csv and curve.png.",
-        ),
-    ] = None,
-    html: Annotated[
-        Path | None,
-        typer.Option("--html", help="Write a self-contained HTML report with the KV-head grid."),
-    ] = None,
-    top: Top,
-    csv: Csv,
-    emit: Emit,
-    load: Load,
-) -> None:
-    """A KV-cache plan: which KV heads need the whole context, which only a sink and a recent window."""
+def _plan_folder(result: Any, path: Path, force: bool) -> None:
     from headscope.outputs import kvplan
 
-    def after(result: Any) -> None:
-        if out is not None:
-            written = kvplan.write_plan_dir(result.kv_plan, out, emit.force)
-            wrote(Path(out), f"{len(written)} files to ")
-        if html is not None:
-            write_html(html, result.html(command=command_line(), examples=False), emit.force)
+    written = kvplan.write_plan_dir(result.kv_plan, path, force)
+    wrote(Path(path), f"{len(written)} files to ")
 
-    if out is not None:
-        from headscope.analyses.kvplan import parse_sparsities
 
-        with handle_errors(emit.debug):
-            stale = kvplan.check_plan_dir(out, emit.force, parse_sparsities(str(options.sparsity)))
-        for name in stale:
-            err.print(
-                f"note: --out {out}: {name}/ is an earlier run's plan; this run leaves it as it is",
-                soft_wrap=True,
+def _check_plan_folder(path: Path, options: Any, force: bool) -> None:
+    from headscope.analyses.kvplan import parse_sparsities
+    from headscope.outputs import kvplan
+
+    for name in kvplan.check_plan_dir(path, force, parse_sparsities(str(options.sparsity))):
+        err.print(
+            f"note: --out {path}: {name}/ is an earlier run's plan; this run leaves it as it is",
+            soft_wrap=True,
+        )
+
+
+WRITERS: dict[str, Writer] = {
+    "roles-csv": _roles_csv,
+    "html": _html(examples=True),
+    "html-grid": _html(examples=False),
+    "ablation-json": _ablation_json,
+    "needle-png": _needle_png,
+    "plan-folder": _plan_folder,
+}
+# A folder's own check before the model loads (a file joins the check of --csv and -o).
+FOLDER_CHECKS: dict[str, Callable[[Path, Any, bool], None]] = {"plan-folder": _check_plan_folder}
+
+
+def _param(output: Output) -> str:
+    return "out_" + output.flag.lstrip("-").replace("-", "_")
+
+
+def _writer(output: Output) -> Writer:
+    return WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
+
+
+# --- one command per analysis ------------------------------------------------------------------------
+
+
+def _command_for(analysis: Analysis) -> None:
+    name = analysis.name
+
+    def analysis_command(**given: Any) -> None:
+        options, emit = given["options"], given["emit"]
+        chosen = [(o, given[_param(o)]) for o in analysis.outputs if given[_param(o)] is not None]
+        with handle_errors(emit.debug):  # what the outputs need, before the options' own checks
+            for output, path in chosen:
+                if output.kind == "folder" and output.writer in FOLDER_CHECKS:
+                    FOLDER_CHECKS[output.writer](path, options, emit.force)  # type: ignore[index]
+                if output.needs is not None and not getattr(options, output.needs):
+                    check_outputs(emit.force, (output.flag, path))
+                    needs = "--" + output.needs.replace("_", "-")
+                    raise InputError(output.refusal or f"{output.flag} needs {needs}", hint=output.hint)
+
+        def after(result: Any) -> None:
+            for output, path in chosen:
+                _writer(output)(result, path, emit.force)
+
+        run_analysis(
+            name,
+            given["model"],
+            options,
+            given["load"],
+            emit,
+            capture=given["capture"].capture if "capture" in given else "auto",
+            top=given["top"].top if "top" in given else 10,
+            csv=given["csv"].csv,
+            outputs=tuple((o.flag, path) for o, path in chosen if o.kind == "file"),
+            after=after if chosen else None,
+        )
+
+    def keyword(param: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+        return inspect.Parameter(
+            param, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+        )
+
+    extra = {
+        o: keyword(_param(o), Annotated[Path | None, typer.Option(o.flag, help=o.help)], None)
+        for o in analysis.outputs
+    }
+    params = [
+        inspect.Parameter(
+            "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation=ModelArg
+        ),
+        keyword("options", analysis.options),
+        *(p for o, p in extra.items() if o.first),
+        *([keyword("top", Top)] if analysis.takes_top else []),
+        keyword("csv", Csv),
+        *(p for o, p in extra.items() if not o.first),
+        keyword("emit", Emit),
+        keyword("load", Load),
+        *([keyword("capture", Capture)] if analysis.takes_capture else []),
+    ]
+    analysis_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    analysis_command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    origin = ANALYSES.origin(name)
+    plugin = "" if origin == "built-in" else f" (plugin: {origin.removeprefix('plugin ')})"
+    analysis_command.__doc__ = analysis.summary + plugin
+    analysis_command.__name__ = name.replace("-", "_")
+    command(app, name)(analysis_command)
+
+
+def add_analysis_commands() -> None:
+    """One command per registered analysis that has none yet (and can be one). Both registries are
+    read here, so a broken plugin of either kind is named once, whatever the command."""
+    from headscope.detectors import REGISTRY
+
+    len(REGISTRY)
+    taken = {
+        info.name or (info.callback.__name__ if info.callback else "") for info in app.registered_commands
+    }
+    for name, analysis in ANALYSES.items():
+        if not analysis.cli or name in taken or name.replace("-", "_") in taken:
+            continue
+        unknown = [o.flag for o in analysis.outputs if isinstance(o.writer, str) and o.writer not in WRITERS]
+        if unknown:
+            warnings.warn(
+                f"analysis {name!r}: {', '.join(unknown)} names no known writer; left out",
+                PluginWarning,
+                stacklevel=1,
             )
-    run_analysis(
-        "kv-plan",
-        model,
-        options,
-        load,
-        emit,
-        top=top.top,
-        csv=csv.csv,
-        outputs=(("--html", html),),
-        after=after,
-    )
+            continue
+        _command_for(analysis)
 
 
-@command(app, "weights")
-def weights_cmd(
-    model: ModelArg = DEFAULT_MODEL, *, options: WeightsOptions, top: Top, csv: Csv, emit: Emit, load: Load
-) -> None:
-    """Roles from the weights alone: OV copying, copy suppression and successor heads (no prompts)."""
-    run_analysis("weights", model, options, load, emit, top=top.top, csv=csv.csv)
+add_analysis_commands()
