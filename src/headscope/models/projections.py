@@ -145,8 +145,7 @@ def output_projection(attention: nn.Module, n_heads: int) -> tuple[torch.Tensor,
             f"{type(attention).__name__}: output projection input {inner} is not {n_heads} heads"
         )
     w_o = weight.T.reshape(n_heads, inner // n_heads, weight.shape[0])
-    bias = proj.bias.detach() if getattr(proj, "bias", None) is not None else None
-    return w_o, bias
+    return w_o, _bias(proj)
 
 
 @dataclass
@@ -190,7 +189,7 @@ def value_path(attention: nn.Module, config: object) -> ValuePath:
         )
     proj, rows = _value_rows(attention, heads, d_head)
     weight = _rows(proj)  # [out, d_model]
-    bias = proj.bias.detach() if getattr(proj, "bias", None) is not None else None
+    bias = _bias(proj)
     w_v = weight[rows].transpose(1, 2).contiguous()  # [kv, d_model, d_head]
     b_v = bias[rows] if bias is not None else None
     path = ValuePath(w_v, b_v, rows.shape[0], d_head)
@@ -211,13 +210,50 @@ def _refuse(attention: nn.Module) -> None:
 
 
 def _is_projection(module: object) -> bool:
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":
+        return True
+    return _adapted(module) is not None
+
+
+def _adapted(module: object) -> nn.Module | None:
+    """The projection a peft adapter layer (LoRA, DoRA, IA³, …) wraps, or None for anything else."""
+    base = getattr(module, "base_layer", None)
+    if isinstance(module, nn.Module) and base is not None and _is_projection(base):
+        return base
+    return None
 
 
 def _rows(proj: nn.Module) -> torch.Tensor:
-    """The projection's weight as ``[out, in]`` (``Conv1D`` stores ``[in, out]``), detached."""
+    """The projection's weight as ``[out, in]`` (``Conv1D`` stores ``[in, out]``), detached. For an
+    adapter layer, the weight the layer applies now, adapters included (:func:`_effective`)."""
+    if _adapted(proj) is not None:
+        return _effective(proj)[0]
     weight = proj.weight.detach()
     return weight if isinstance(proj, nn.Linear) else weight.T
+
+
+def _bias(proj: nn.Module) -> torch.Tensor | None:
+    if _adapted(proj) is not None:
+        return _effective(proj)[1]
+    return proj.bias.detach() if getattr(proj, "bias", None) is not None else None
+
+
+def _effective(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(W [out, in], b)`` of an adapter layer as it computes now: the base projection plus its
+    active adapters (W + scale · B·A for LoRA; DoRA's and IA³'s rescalings too; nothing for disabled
+    or merged ones). Read by running the layer on the identity and on zero, which gives the affine
+    map exactly for any adapter that is affine in its input (every peft adapter in eval mode, where
+    adapter dropout is off), without knowing the adapter's formula."""
+    base = _adapted(proj)
+    assert base is not None
+    weight = base.weight
+    inputs = weight.shape[1] if isinstance(base, nn.Linear) else weight.shape[0]
+    with torch.no_grad():
+        probe = torch.eye(inputs, dtype=weight.dtype, device=weight.device)
+        at_zero = proj(torch.zeros(1, inputs, dtype=weight.dtype, device=weight.device))
+        columns = proj(probe) - at_zero  # row i: W @ e_i
+    has_bias = getattr(base, "bias", None) is not None or bool(at_zero.abs().max() > 0)
+    return columns.T.contiguous(), (at_zero[0] if has_bias else None)
 
 
 def _find_output(attention: nn.Module) -> nn.Module | None:

@@ -36,6 +36,7 @@ def wrap(
         )
     if not callable(tokenizer) or not hasattr(tokenizer, "all_special_ids"):
         raise InputError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
+    model, adapter = unwrap_adapters(model)
     check_weights_present(model)
     check_tokenizer_fits(model, tokenizer)
     config = model.config
@@ -51,6 +52,21 @@ def wrap(
     layout = HeadLayout.from_config(config, tokenizer)
     label = name or getattr(config, "name_or_path", None) or type(model).__name__
     label = str(label).rstrip("/").split("/")[-1] or type(model).__name__
+    if adapter and not name:
+        label = f"{label}+{adapter}"
     return LoadedModel(
         label, model, tokenizer, layout, causal, mode, "object", owned=False, capture_requested=capture
     )
+
+
+def unwrap_adapters(model: Any) -> tuple[Any, str]:
+    """A peft ``PeftModel`` -> (the transformers model inside it, with its adapter layers in place,
+    the active adapter's name); any other model -> (itself, ""). The adapted model is what is
+    analysed: its forward passes run through the adapters as they are set now (enabled or not),
+    and the projections headscope reads (W_Q, W_V, W_O …) are the adapted ones."""
+    if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+        active = getattr(model, "active_adapter", "") or ""
+        if isinstance(active, list | tuple):
+            active = "+".join(active)
+        return model.get_base_model(), str(active)
+    return model, ""
