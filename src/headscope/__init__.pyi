@@ -46,7 +46,7 @@ def scan(
     batch_size: int = 8,
     verify: bool = False,
     verify_k: int = 3,
-    weights: bool = True,
+    weights: bool | None = None,
     role_threshold: float = 0.3,
     role_margin: float = 0.05,
     alpha: float = 0.05,

@@ -143,8 +143,12 @@ def test_scores_top_and_roles_agree_with_the_table(toy_result, toy_truth):
 def test_scores_name_the_tables_to_choose_from(toy_result):
     with pytest.raises(InputError, match="no table for detector 'syntax'.*detectors: "):
         toy_result.scores("syntax")
-    with pytest.raises(InputError, match="k must be at least 1"):
+    with pytest.raises(InputError, match="k=0 must be a whole number of heads, at least 1"):
         toy_result.top("induction", 0)
+    with pytest.raises(InputError, match=r"k=1.5 must be a whole number"):  # not a pandas TypeError
+        toy_result.top("induction", 1.5)
+    with pytest.raises(InputError, match="detector=3 must be a table's name"):
+        toy_result.scores(3)
 
 
 def test_json_round_trip(toy_result, tmp_path):

@@ -34,8 +34,12 @@ class RepeatSpec:
     bos: bool | None = None
 
     def validate(self) -> None:
-        if self.seq_len < 1:
-            raise InputError(f"--seq-len must be at least 1, got {self.seq_len}")
+        if self.seq_len < 2:
+            raise InputError(
+                f"--seq-len must be at least 2, got {self.seq_len}",
+                hint="with one token per copy no token has a successor before its repeat, so there is "
+                "nothing for induction to attend to",
+            )
         if self.repeats < 2:
             raise InputError(
                 f"--repeat-seq must be at least 2, got {self.repeats}",

@@ -44,10 +44,37 @@ def _one_check(outcome: Outcome, kind: str) -> dict[str, Any] | None:
 
 
 def _too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
+    """K heads ablated and K random heads beside them: at most half the model's heads. ``option_name``
+    is the option's Python name (``verify_k``), spelled as the caller wrote it."""
+    from .protocol import spelled
+
     total = loaded.layout.n_layers * loaded.layout.n_heads
     if k > total // 2:
         raise InputError(
-            f"{option_name} {k} leaves too few heads for {what}", hint=f"use at most {total // 2}"
+            f"{spelled(option_name.lstrip('-').replace('-', '_'), k)} leaves too few heads for {what} "
+            f"({loaded.name} has {total} heads)",
+            hint=f"use at most {total // 2}",
+        )
+
+
+def check_repeat_context(loaded: Any, options: Any) -> None:
+    """The repeated-random-tokens protocol fits the model's context (BOS and copies counted)."""
+    from .protocol import spelled
+
+    limit = loaded.max_positions
+    tokenizer = loaded.tokenizer
+    extra = 0  # the special tokens repeated_tokens adds: BOS (causal), or CLS and SEP (encoders)
+    if getattr(options, "bos", None) is not False:
+        if loaded.is_causal:
+            extra = int(tokenizer.bos_token_id is not None)
+        elif tokenizer.cls_token_id is not None:
+            extra = 1 + int(tokenizer.sep_token_id is not None)
+    length = extra + options.seq_len * options.repeat_seq
+    if limit is not None and length > limit:
+        raise InputError(
+            f"{spelled('seq_len', options.seq_len)} x {spelled('repeat_seq', options.repeat_seq)} is "
+            f"{length} tokens with special tokens, longer than {loaded.name}'s context of {limit} tokens",
+            hint=f"use at most {(limit - extra) // options.repeat_seq} tokens per copy",
         )
 
 

@@ -26,7 +26,7 @@ from .base import (
     repeated_tokens,
     score_batches,
 )
-from .checks import Check, _one_check, _too_many
+from .checks import Check, _one_check, _too_many, check_repeat_context
 from .protocol import (
     HELP_ABLATION,
     HELP_BATCH,
@@ -152,9 +152,12 @@ class Induction(Analysis):
         check_common(options)
         options.repeat_spec(options.seed, options.bos).validate()
 
-    def run(self, loaded: Any, options: InductionOptions, prepared: None, progress: Any) -> Outcome:
+    def check_loaded(self, loaded: Any, options: InductionOptions) -> None:
+        check_repeat_context(loaded, options)
         if options.ablate:
-            _too_many(loaded, options.ablate, "--ablate", "a random control of the same size")
+            _too_many(loaded, options.ablate, "ablate", "a random control of the same size")
+
+    def run(self, loaded: Any, options: InductionOptions, prepared: None, progress: Any) -> Outcome:
         spec = options.repeat_spec(options.seed, options.bos)
         report = induction(
             loaded, spec, batch_size=options.batch_size, n_resamples=options.resamples, progress=progress
@@ -169,8 +172,10 @@ class Induction(Analysis):
     ) -> list[Check]:
         from .ablation import ablate  # ablation imports this module (CopyLossMeter)
 
+        _too_many(
+            loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control of the same size"
+        )
         k = k or options.ablate or 3
-        _too_many(loaded, k, "--ablate", "a random control of the same size")
         heads = top_heads(outcome.report.table, "induction", k)
         effect = ablate(
             loaded,

@@ -25,6 +25,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -68,6 +69,22 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+# Who is asking: "python" (hs.scan(..., seq_len=1)) or "cli" (headscope scan --seq-len 1). A refusal
+# names an option as the caller spelled it; the CLI sets this while it runs an analysis.
+ENTRY: ContextVar[str] = ContextVar("headscope_entry", default="python")
+
+
+def spelled(name: str, value: Any) -> str:
+    """An option and its value as the caller wrote them: ``verify_k=9`` from Python, ``--verify-k 9``
+    from the command line."""
+    if ENTRY.get() == "cli":
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            return f"--{flag}" if value else f"--no-{flag}"
+        return f"--{flag} {value}"
+    return f"{name}={value!r}"
+
+
 # Help texts written once (they drifted when every command wrote its own).
 HELP_RESAMPLES = f"Bootstrap resamples for the 95% intervals: at least {MIN_RESAMPLES}, or 0 for no intervals and no roles."
 HELP_SEED = "Seed for random tokens and bootstrap resampling."
@@ -88,7 +105,9 @@ class Stats:
 
 @dataclass(kw_only=True)
 class Repeat:
-    seq_len: int = option(50, "Random tokens per copy.", min=1)
+    seq_len: int = option(
+        50, "Random tokens per copy (at least 2: a token needs a successor before its repeat).", min=2
+    )
     repeat_seq: int = option(2, "Copies of each random sequence.", min=2)
     n_seqs: int = option(16, "Number of random sequences.", flag="--batch", min=1)
 
@@ -185,6 +204,11 @@ class Analysis:
         check_common(options)
         return None
 
+    def check_loaded(self, loaded: Any, options: Any) -> None:
+        """What can be checked from the loaded model's layout alone (its context, its heads), before
+        the first forward pass: refuse here rather than after minutes of scoring."""
+        return None
+
     def views(self, loaded: Any, options: Any) -> tuple[str, ...]:
         """The decompositions this run reports from (``maps``, ``dla``, ``ov``): each is checked on
         the model itself before the run (:func:`headscope.capture.checks.require`)."""
@@ -276,7 +300,17 @@ def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any, 
         if meta.get("max") is not None and value > meta["max"]:
             raise InputError(f"{where}: must be at most {meta['max']:g}")
     if meta.get("check") is not None and value is not None:
-        meta["check"](value)
+        try:
+            meta["check"](value)
+        except InputError as exc:
+            flag = flag_of(field).split("/")[0]
+            if not cli and ENTRY.get() != "cli" and exc.message.startswith(f"{flag} "):
+                # "--resamples 50 is too few" -> "resamples=50 is too few" for a Python caller
+                rest = exc.message[len(flag) + 1 :].split(" ", 1)
+                raise InputError(
+                    f"{field.name}={rest[0]} {rest[1] if len(rest) > 1 else ''}".rstrip(), hint=exc.hint
+                ) from None
+            raise
     return value
 
 
@@ -310,6 +344,7 @@ def execute(
     from headscope.capture import checks
     from headscope.capture import prepared as borrowed
 
+    analysis.check_loaded(loaded, options)
     with borrowed(loaded):
         checks.require(loaded, *analysis.views(loaded, options))
         outcome = analysis.run(loaded, options, prepared, progress)

@@ -565,13 +565,15 @@ class Retrieval(Analysis):
         check_common(options)
         return _needle_inputs(options)
 
+    def check_loaded(self, loaded: Any, options: RetrievalOptions) -> None:
+        if options.ablate:
+            _too_many(loaded, options.ablate, "ablate", "a random control")
+
     def run(self, loaded: Any, options: RetrievalOptions, prepared: NeedleInputs, progress: Any) -> Outcome:
         if not (loaded.is_causal and loaded.has_lm_head):
             raise InputError(
                 f"{loaded.name} is not a causal language model; retrieval reads its next-token predictions"
             )
-        if options.ablate:
-            _too_many(loaded, options.ablate, "--ablate", "a random control")
         report, outcome, prompts, batches = retrieval(
             loaded,
             prepared.needles,
@@ -592,8 +594,8 @@ class Retrieval(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: RetrievalOptions, progress: Any, k: int | None = None
     ) -> list[Check]:
+        _too_many(loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control")
         k = k or options.ablate or 3
-        _too_many(loaded, k, "--ablate", "a random control")
         heads = top_heads(outcome.report.table, "retrieval", k)
         state = outcome.state
         effect = ablate_retrieval(

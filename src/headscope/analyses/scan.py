@@ -32,7 +32,7 @@ from .base import (
     repeated_tokens,
     score_batches,
 )
-from .checks import Check
+from .checks import Check, _too_many, check_repeat_context
 from .protocol import (
     HELP_BATCH,
     Analysis,
@@ -43,6 +43,7 @@ from .protocol import (
     check_common,
     option,
     register,
+    spelled,
     split_names,
 )
 
@@ -354,8 +355,11 @@ class ScanOptions(Repeat, Stats):
         False, "Ablate each table's top heads and a random control; report the loss effect."
     )
     verify_k: int = option(3, "Heads ablated per table by --verify.", min=1)
-    weights: bool = option(
-        True, "Also score the weight-only roles (copy, supp, succ).", flag="--weights/--no-weights"
+    weights: bool | None = option(
+        None,
+        "Also score the weight-only roles (copy, supp, succ). Default: with every detector, or when "
+        "--detectors lists 'weights'.",
+        flag="--weights/--no-weights",
     )
     role_threshold: float = option(0.3, "Minimum score for a role.")
     role_margin: float = option(0.05, "ci_low must clear the baseline by this much.")
@@ -393,10 +397,17 @@ class Scan(Analysis):
                 names = None  # --detectors "" means all, as it always did
             else:
                 raise InputError("--detectors names no detector", hint="leave it out for all of them")
-        include_weights = options.weights
+        include_weights = options.weights is not False
         if names is not None:
             # "weights" names the weight-only roles; the rest are attention detectors.
-            include_weights = include_weights and "weights" in names
+            listed = "weights" in names
+            if options.weights is True and not listed:
+                raise InputError(
+                    f"{spelled('weights', True)} asks for the weight-only roles, but "
+                    f"{spelled('detectors', options.detectors)} leaves them out",
+                    hint="add 'weights' to the detectors, or leave the weights option out",
+                )
+            include_weights = listed and options.weights is not False
             names = [n for n in names if n != "weights"]
             detectors.create(names)  # reject unknown names before loading anything
         for path in _own_sources(names):
@@ -409,6 +420,11 @@ class Scan(Analysis):
             text_set=load_texts(text),
             rule=RoleRule(threshold=options.role_threshold, margin=options.role_margin, alpha=options.alpha),
         )
+
+    def check_loaded(self, loaded: Any, options: ScanOptions) -> None:
+        check_repeat_context(loaded, options)
+        if options.verify:
+            _too_many(loaded, options.verify_k, "verify_k", "a random control of the same size")
 
     def run(self, loaded: Any, options: ScanOptions, prepared: ScanInputs, progress: Any) -> Outcome:
         report = scan(
@@ -434,6 +450,9 @@ class Scan(Analysis):
         """Token-loss ablation of every table, then the circuit tables by their own measures."""
         from .ablation import verify as verify_tables
 
+        _too_many(
+            loaded, k or options.verify_k, "k" if k else "verify_k", "a random control of the same size"
+        )
         k = k or options.verify_k
         report = outcome.report
         outcome.state.update(verified=True, k=k)

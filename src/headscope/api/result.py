@@ -152,6 +152,16 @@ class Result:
     def _group(
         self, detector: str, relation: str | None, direction: str | None, data: str | None
     ) -> pd.DataFrame:
+        for name, value in (
+            ("detector", detector),
+            ("relation", relation),
+            ("direction", direction),
+            ("data", data),
+        ):
+            if (value is not None or name == "detector") and not isinstance(value, str):
+                raise InputError(
+                    f"{name}={value!r} must be a table's name (a string)", hint="see result.table"
+                )
         table = self.table
         rows = table[table.detector == detector]
         if rows.empty:
@@ -202,8 +212,8 @@ class Result:
         data: str | None = None,
     ) -> pd.DataFrame:
         """The k best heads of one table, best first."""
-        if k < 1:
-            raise InputError(f"k must be at least 1, got {k}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"top: k={k!r} must be a whole number of heads, at least 1")
         rows = self._group(detector, relation, direction, data)
         return rows.sort_values("score", ascending=False, kind="stable").head(k).reset_index(drop=True)
 

@@ -344,6 +344,27 @@ def run_analysis(
     after: Callable[[Any], None] | None = None,
 ) -> None:
     """Every analysis command: check, load, run (and verify) through the API, render, write files."""
+    from headscope.analyses.protocol import ENTRY
+
+    entry = ENTRY.set("cli")  # refusals name --flags, not keywords
+    try:
+        _run_analysis(name, model, options, load, emit, capture, top, csv, outputs, after)
+    finally:
+        ENTRY.reset(entry)
+
+
+def _run_analysis(
+    name: str,
+    model: str,
+    options: Any,
+    load: Load,
+    emit: Emit,
+    capture: str,
+    top: int,
+    csv: Path | None,
+    outputs: tuple[tuple[str, Path | None], ...],
+    after: Callable[[Any], None] | None,
+) -> None:
     import headscope.api as hs
     from headscope.outputs import report
 

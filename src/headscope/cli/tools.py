@@ -92,6 +92,19 @@ def sweep_cmd(
         )
         if png is not None:
             check_outputs(force, ("--png", png))
+            from headscope.sweeps.specs import expand
+
+            stepped: dict[str, set] = {}
+            for target in expand(list(specs)):
+                if target.step is not None:
+                    stepped.setdefault(target.series, set()).add(target.step)
+            if not any(len(steps) >= 2 for steps in stepped.values()):
+                # Known from the specs alone: refuse before the first run, not after the sweep.
+                raise InputError(
+                    "--png draws roles against training steps, and these specs hold no series of two or "
+                    "more checkpoints",
+                    hint="give a folder of checkpoint-N folders, or drop --png",
+                )
         options: dict[str, Any] = {"resamples": stats.resamples, "seed": stats.seed}
         if "induction" in chosen:
             options.update(seq_len=repeat.seq_len, repeat_seq=repeat.repeat_seq, n_seqs=repeat.n_seqs)
