@@ -25,6 +25,7 @@ _API = (
     "RoleSpec",
     "Stats",
     "TargetDetector",
+    "compare",
     "load",
     "option",
     "plan",

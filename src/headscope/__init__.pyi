@@ -11,6 +11,7 @@ from headscope.analyses.protocol import Analysis as Analysis
 from headscope.analyses.protocol import Outcome as Outcome
 from headscope.analyses.protocol import Stats as Stats
 from headscope.analyses.protocol import option as option
+from headscope.api import compare as compare
 from headscope.api import load as load
 from headscope.api import plan as plan
 from headscope.api import register as register
@@ -244,6 +245,7 @@ __all__ = [
     "Stats",
     "TargetDetector",
     "__version__",
+    "compare",
     "coref",
     "detect",
     "induction",

@@ -85,3 +85,47 @@ def test_a_peft_model_is_given_back_exactly(tokenizer):
     assert model.active_adapter == active
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert not layer.merged and not layer.disable_adapters
+
+
+def save_checkpoints(folder, steps=(10, 20)):
+    """A LoRA run as a trainer leaves it: checkpoint-N folders of adapter weights, each naming the
+    base model (the toy's folder) in adapter_config.json. The later one has moved further."""
+    for index, step in enumerate(steps):
+        model = adapted("lora-all")
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.mul_(1 + index)
+        model.peft_config["default"].base_model_name_or_path = str(TOY_DIR)
+        model.save_pretrained(folder / f"checkpoint-{step}")
+    return folder
+
+
+def test_an_adapter_folder_is_a_model_spec(tmp_path, tokenizer):
+    run = save_checkpoints(tmp_path / "run")
+    from_folder = hs.induction(str(run / "checkpoint-10"), resamples=0)
+    from_object = hs.induction(adapted("lora-all"), tokenizer, resamples=0)
+    np.testing.assert_allclose(scores(from_folder), scores(from_object), atol=1e-6)
+    assert from_folder.model == "model+checkpoint-10"
+
+
+def test_base_against_adapter_and_a_sweep_over_adapter_checkpoints(tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    run = save_checkpoints(tmp_path / "run")
+    base = hs.induction(AutoModelForCausalLM.from_pretrained(TOY_DIR), tokenizer, resamples=0)
+    tuned = hs.induction(str(run / "checkpoint-20"), resamples=0)
+    changed = hs.compare(base, tuned)
+    (table,) = [t for t in changed.tables if t.detector == "induction"]
+    assert table.n_common == 8 and abs(table.mean_delta) > 1e-3
+    assert changed.joined["delta"].abs().max() > 1e-3
+    swept = hs.sweep([str(run)], tmp_path / "store", analyses="induction", resamples=0, seq_len=20)
+    assert not swept.failed
+    steps = sorted(swept.table["step"].dropna().unique().tolist())
+    assert steps == [10, 20]
+    last = swept.table[(swept.table["step"] == 20) & (swept.table["detector"] == "induction")]
+    direct = hs.induction(str(run / "checkpoint-20"), resamples=0, seq_len=20).table
+    direct = direct[direct.detector == "induction"].sort_values(["layer", "head"])
+    np.testing.assert_allclose(
+        last.sort_values(["layer", "head"]).score.to_numpy(float), direct.score.to_numpy(float), atol=1e-6
+    )

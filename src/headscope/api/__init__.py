@@ -291,6 +291,31 @@ def show(
     return AttentionMap(view, loaded.name)
 
 
+def compare(a: Any, b: Any) -> Any:
+    """Two results side by side (``headscope compare``): ``a`` and ``b`` are ``Result`` objects or
+    scan CSVs (a base model and its fine-tune, two checkpoints). Returns a ``Comparison``: ``tables``
+    (per table: best heads, mean change, rank correlation, roles gained and lost) and ``joined``
+    (one row per head: score_a, score_b, delta, roles, change)."""
+    from headscope.outputs.compare import compare as compare_frames
+    from headscope.outputs.compare import read_scan_csv
+
+    def frame(value: Any, label: str) -> Any:
+        if isinstance(value, Result):
+            table = value.table
+            columns = ["model", "detector", "relation", "direction", "data", "layer", "head", "score"]
+            out = table[columns + ["ci_low", "ci_high", "role"]].copy()
+            out["role"] = out["role"].fillna("")
+            out["data"] = out["data"].fillna("")
+            return out
+        if isinstance(value, str | os.PathLike):
+            return read_scan_csv(value)
+        raise InputError(
+            f"compare: {label} must be a headscope Result or a scan CSV, got {type(value).__name__}"
+        )
+
+    return compare_frames(frame(a, "a"), frame(b, "b"))
+
+
 def sweep(
     specs: list[str] | str,
     out: str | Path,
@@ -340,6 +365,7 @@ __all__ = [
     "RoleSpec",
     "Stats",
     "TargetDetector",
+    "compare",
     "load",
     "option",
     "plan",

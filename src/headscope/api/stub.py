@@ -30,6 +30,7 @@ from headscope.analyses.protocol import Analysis as Analysis
 from headscope.analyses.protocol import Outcome as Outcome
 from headscope.analyses.protocol import Stats as Stats
 from headscope.analyses.protocol import option as option
+from headscope.api import compare as compare
 from headscope.api import load as load
 from headscope.api import plan as plan
 from headscope.api import register as register
@@ -53,7 +54,7 @@ def api_stub() -> str:
     parts = [HEADER]
     names = ["HeadscopeError", "InputError", "Result", "__version__"]
     names += ["Analysis", "Detector", "Outcome", "PatternDetector", "RoleSpec", "Stats", "TargetDetector"]
-    names += ["load", "option", "plan", "register", "run", "show", "sweep"]
+    names += ["compare", "load", "option", "plan", "register", "run", "show", "sweep"]
     for name, analysis in ANALYSES.builtins().items():
         function = python_name(name)
         names.append(function)

@@ -114,6 +114,8 @@ def load(
     one device over several GPUs and CPU memory; ``device`` is then ignored.
     """
     resolved = resolve(spec)
+    if resolved.kind == "adapter":
+        return _load_adapter(resolved, device, dtype, capture, use_cache, device_map, revision)
     torch_dtype = _resolve_dtype(dtype)
     if device_map not in (None, "auto"):
         raise InputError(f"--device-map must be 'auto', got {device_map!r}")
@@ -132,6 +134,55 @@ def load(
     mode = decide_capture(model, capture)
     name = resolved.alias or (resolved.gguf_file or Path(resolved.location).name)
     return LoadedModel(name, model, tokenizer, layout, causal, mode, source, capture_requested=capture)
+
+
+def _load_adapter(
+    resolved: ResolvedSpec,
+    device: DeviceName,
+    dtype: DtypeName,
+    capture: Literal["auto", "stream", "eager"],
+    use_cache: bool,
+    device_map: str | None,
+    revision: str | None,
+) -> LoadedModel:
+    """An adapter folder: its base model (alias, folder, .gguf or cached hub id, as the adapter's
+    config names it), loaded as any spec, with the adapter put on it by peft, active, in eval mode.
+    The model headscope analyses is the adapted one (:func:`wrap.unwrap_adapters`)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelLoadError(
+            f"{resolved.location} is a peft adapter, and peft is not installed",
+            hint='pip install "headscope[peft]"',
+        ) from None
+    try:
+        base = load(resolved.base or "", device, dtype, capture, use_cache, device_map, revision)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"{resolved.location}: its base model {resolved.base!r} (base_model_name_or_path in "
+            f"adapter_config.json) is not here: {exc.message}",
+            hint="set base_model_name_or_path to a local folder, a .gguf file, an alias or a cached hub id",
+        ) from exc
+    try:
+        adapted = PeftModel.from_pretrained(base.model, resolved.location).eval()
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot put the adapter {resolved.location} on {base.name}: {type(exc).__name__}: {exc}"
+        ) from exc
+    from .wrap import unwrap_adapters
+
+    model, _ = unwrap_adapters(adapted)
+    name = f"{base.name}+{Path(resolved.location).name}"
+    return LoadedModel(
+        name,
+        model,
+        base.tokenizer,
+        base.layout,
+        base.is_causal,
+        base.capture_mode,
+        base.source,
+        capture_requested=capture,
+    )
 
 
 def can_stream(model: Any) -> bool:

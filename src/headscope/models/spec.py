@@ -13,11 +13,36 @@ from .bundled import BUNDLED, bundled_file
 
 @dataclass(frozen=True)
 class ResolvedSpec:
-    kind: Literal["gguf", "dir", "hub"]
-    location: str  # directory (gguf/dir) or hub id
+    kind: Literal["gguf", "dir", "hub", "adapter"]
+    location: str  # directory (gguf/dir/adapter) or hub id
     gguf_file: str | None = None
     alias: str | None = None
     sha256: str | None = None  # the GGUF file's digest when already verified (saves hashing it again)
+    base: str | None = None  # adapter: the spec of the model the adapter was trained on
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A peft adapter as saved by ``save_pretrained`` (a trainer's checkpoint-N folder of a LoRA run)."""
+    return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+def adapter_base(path: Path) -> str:
+    """The base model an adapter folder names (``base_model_name_or_path``), as a spec."""
+    import json
+
+    try:
+        base = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"{path / ADAPTER_CONFIG}: cannot read it ({exc})") from exc
+    if not base:
+        raise ModelNotFoundError(
+            f"{path / ADAPTER_CONFIG} names no base_model_name_or_path",
+            hint="set it to the base model's alias, folder or cached hub id",
+        )
+    return str(base)
 
 
 def resolve(spec: str) -> ResolvedSpec:
@@ -33,6 +58,8 @@ def resolve(spec: str) -> ResolvedSpec:
             raise ModelNotFoundError(f"GGUF file not found: {spec}", hint="check the path")
         return ResolvedSpec("gguf", str(path.resolve().parent), path.name)
     if path.is_dir():
+        if is_adapter_folder(path):
+            return ResolvedSpec("adapter", str(path.resolve()), base=adapter_base(path))
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))
             hint = (

@@ -40,7 +40,12 @@ class Target:
 
 
 def _is_model_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() or any(path.glob("*.gguf"))
+    """A model, or a peft adapter (a LoRA trainer's checkpoint-N folders hold adapter_config.json)."""
+    return (
+        (path / "config.json").is_file()
+        or (path / "adapter_config.json").is_file()
+        or any(path.glob("*.gguf"))
+    )
 
 
 def _step_of(name: str) -> int | None:
@@ -60,7 +65,7 @@ def expand(specs: list[str]) -> list[Target]:
             if not children:
                 raise InputError(
                     f"{spec}: folder holds no model and no checkpoint sub-folders",
-                    hint="a checkpoint folder holds config.json (or a .gguf file)",
+                    hint="a checkpoint folder holds config.json, adapter_config.json or a .gguf file",
                 )
             unnumbered = [c.name for c in children if _step_of(c.name) is None]
             if unnumbered:
