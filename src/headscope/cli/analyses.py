@@ -9,17 +9,15 @@ groups it takes (``--top``, ``--capture``), its declared outputs (:class:`Output
 from __future__ import annotations
 
 import inspect
-import json
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from headscope import files
 from headscope.analyses.protocol import ANALYSES, Analysis, Output
 from headscope.errors import InputError
+from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, Writer, check_outputs
 from headscope.registry import PluginWarning
 
 from .common import (
@@ -31,12 +29,9 @@ from .common import (
     ModelArg,
     Top,
     app,
-    check_outputs,
-    command_line,
     err,
     handle_errors,
     run_analysis,
-    write_html,
     wrote,
 )
 from .params import command
@@ -53,71 +48,13 @@ def _show_plugin_warning(message: Any, category: type[Warning], *args: Any, **kw
 _previous = warnings.showwarning
 warnings.showwarning = _show_plugin_warning
 
-# --- the writers the analyses' outputs name (they live above the analyses) ---------------------------
-
-Writer = Callable[[Any, Path, bool], None]
-
-
-def _roles_csv(result: Any, path: Path, force: bool) -> None:
-    wrote(files.write_atomic(path, result.to_csv(roles=True), "--roles-csv", force))
-
-
-def _html(examples: bool) -> Writer:
-    def write(result: Any, path: Path, force: bool) -> None:
-        write_html(path, result.html(command=command_line(), examples=examples), force)
-
-    return write
-
-
-def _ablation_json(result: Any, path: Path, force: bool) -> None:
-    if result.checks:
-        text = json.dumps(result.checks[0].to_json(), indent=2) + "\n"
-        wrote(files.write_atomic(path, text, "--json", force))
-
-
-def _needle_png(result: Any, path: Path, force: bool) -> None:
-    from headscope.outputs import views
-
-    with files.atomic_path(path, "--png", force) as tmp:
-        views.save_needle_png(result.state["needle"], tmp, f"{result.model}: {result.state['title']}")
-    wrote(path)
-
-
-def _plan_folder(result: Any, path: Path, force: bool) -> None:
-    from headscope.outputs import kvplan
-
-    written = kvplan.write_plan_dir(result.kv_plan, path, force)
-    wrote(Path(path), f"{len(written)} files to ")
-
-
-def _check_plan_folder(path: Path, options: Any, force: bool) -> None:
-    from headscope.analyses.kvplan import parse_sparsities
-    from headscope.outputs import kvplan
-
-    for name in kvplan.check_plan_dir(path, force, parse_sparsities(str(options.sparsity))):
-        err.print(
-            f"note: --out {path}: {name}/ is an earlier run's plan; this run leaves it as it is",
-            soft_wrap=True,
-        )
-
-
-WRITERS: dict[str, Writer] = {
-    "roles-csv": _roles_csv,
-    "html": _html(examples=True),
-    "html-grid": _html(examples=False),
-    "ablation-json": _ablation_json,
-    "needle-png": _needle_png,
-    "plan-folder": _plan_folder,
-}
-# A folder's own check before the model loads (a file joins the check of --csv and -o).
-FOLDER_CHECKS: dict[str, Callable[[Path, Any, bool], None]] = {"plan-folder": _check_plan_folder}
-
 
 def _param(output: Output) -> str:
     return "out_" + output.flag.lstrip("-").replace("-", "_")
 
 
 def _writer(output: Output) -> Writer:
+    """A writer of the table (:data:`WRITERS`) or a plugin's own ``writer(result, path, force)``."""
     return WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
 
 
@@ -133,7 +70,8 @@ def _command_for(analysis: Analysis) -> None:
         with handle_errors(emit.debug):  # what the outputs need, before the options' own checks
             for output, path in chosen:
                 if output.kind == "folder" and output.writer in FOLDER_CHECKS:
-                    FOLDER_CHECKS[output.writer](path, options, emit.force)  # type: ignore[index]
+                    for note in FOLDER_CHECKS[output.writer](path, options, emit.force):  # type: ignore[index]
+                        err.print(f"note: {note}", soft_wrap=True)
                 if output.needs is not None and not getattr(options, output.needs):
                     check_outputs(emit.force, (output.flag, path))
                     needs = "--" + output.needs.replace("_", "-")
@@ -141,7 +79,7 @@ def _command_for(analysis: Analysis) -> None:
 
         def after(result: Any) -> None:
             for output, path in chosen:
-                _writer(output)(result, path, emit.force)
+                wrote(_writer(output)(result, path, emit.force))
 
         run_analysis(
             name,

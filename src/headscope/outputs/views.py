@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.style import Style
 from rich.text import Text
 
@@ -72,6 +72,56 @@ def model_info(loaded: LoadedModel) -> dict[str, Any]:
         # carries its reason, and the analyses that need it refuse with the same reason.
         "checks": {view: checks.check(loaded, view).to_json() for view in checks.VIEWS},
     }
+
+
+def info_data(loaded: LoadedModel) -> dict[str, Any]:
+    """``headscope info``: :func:`model_info` and the value head dim (values can be narrower than
+    queries and keys: DeepSeek's latent attention, MiMo)."""
+    data = model_info(loaded)
+    data["value_head_dim"] = loaded.layout.v_head_dim
+    return data
+
+
+def info_csv(data: dict[str, Any]) -> str:
+    """:func:`info_data` as one CSV row: KV groups as "0,1 2,3", each check as text."""
+    import pandas as pd
+
+    from headscope.outputs import report
+
+    flat = {
+        k: (" ".join(",".join(map(str, g)) for g in v) if k == "kv_groups" else v)
+        for k, v in data.items()
+        if k not in ("layer_attention", "checks")
+    }
+    for view, found in data["checks"].items():
+        flat[f"check_{view}"] = report.check_text(found)
+    flat["layer_attention"] = data["layer_attention"]["summary"]
+    return report.table_csv(pd.DataFrame([flat]), list(flat))
+
+
+def print_info(data: dict[str, Any], console: Console) -> None:
+    """The table at its natural width, each line printed with soft wrapping: Rich would fold the
+    source row's absolute paths at the console's width, which breaks them for copying and makes the
+    lines depend on where the files are. A terminal too narrow wraps them."""
+    import io
+
+    from headscope.outputs import report
+
+    wide = Console(
+        file=io.StringIO(),
+        width=10_000,
+        color_system=console.color_system,
+        no_color=console.no_color,
+        highlight=False,
+        legacy_windows=False,
+    )
+    report.print_info(data, wide)
+    for line in wide.file.getvalue().splitlines():
+        text = Text.from_ansi(line)
+        text.rstrip()  # cells are padded to the widest row
+        console.print(text, soft_wrap=True)
+    if data["value_head_dim"] != data["head_dim"]:
+        console.print(f"value head dim: {data['value_head_dim']} (queries and keys: {data['head_dim']})")
 
 
 # ----------------------------------------------------------------------------- terminal heatmaps
@@ -192,6 +242,47 @@ def view_rows(view: AttentionView) -> list[dict[str, Any]]:
                     }
                 )
     return rows
+
+
+def window(view: AttentionView, start: int, max_tokens: int) -> tuple[AttentionView, str | None]:
+    """``headscope show``'s window of ``view`` (refused past the end), and a note when it is not all."""
+    total = len(view.labels)
+    if start >= total:
+        raise InputError(f"--start {start} is past the end: the text has {total} {view.unit}s")
+    shown = view.window(start, max_tokens)
+    if len(shown.labels) == total:
+        return shown, None
+    return shown, (
+        f"showing {view.unit}s {start}–{start + len(shown.labels) - 1} of {total}; "
+        "move the window with --start, widen it with --max-tokens"
+    )
+
+
+def print_view(view: AttentionView, console: Console) -> None:
+    """One head's heatmap, or several heads' grid."""
+    if len(view.heads) == 1:
+        console.print(heatmap(view, 0))
+    else:
+        console.print(grid(view, columns=max(60, console.width)))
+
+
+def view_csv(view: AttentionView) -> str:
+    import pandas as pd
+
+    from headscope.outputs import report
+
+    return report.table_csv(pd.DataFrame(view_rows(view)), VIEW_COLUMNS)
+
+
+def view_json(view: AttentionView, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "layer": view.layer,
+        "heads": view.heads,
+        "unit": view.unit,
+        "labels": view.labels,
+        "rows": view_rows(view),
+    }
 
 
 # ----------------------------------------------------------------------------- PNG

@@ -96,6 +96,21 @@ def expand(specs: list[str]) -> list[Target]:
     return targets
 
 
+def check_series(specs: list[str]) -> None:
+    """``--png`` draws roles against training steps: refused, from the specs alone (before the first
+    run, not after the sweep), unless they hold a series of two or more checkpoints."""
+    stepped: dict[str, set] = {}
+    for target in expand(list(specs)):
+        if target.step is not None:
+            stepped.setdefault(target.series, set()).add(target.step)
+    if not any(len(steps) >= 2 for steps in stepped.values()):
+        raise InputError(
+            "--png draws roles against training steps, and these specs hold no series of two or "
+            "more checkpoints",
+            hint="give a folder of checkpoint-N folders, or drop --png",
+        )
+
+
 def fingerprint(target: Target) -> str:
     """A cheap digest of the weights a target loads: for each weight file, its name, size and
     the SHA-256 of its first and last MiB (hashing multi-GB checkpoints whole would cost minutes)."""
