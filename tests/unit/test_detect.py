@@ -71,10 +71,12 @@ TL_PATTERNS = {
 @pytest.fixture(autouse=True)
 def forget_registrations():
     """hs.detect and hs.register add to the process' registry; other tests must not see them."""
-    before = set(detectors.REGISTRY)
+    before, patterns = set(detectors.REGISTRY), set(detectors.PATTERNS)
     yield
     for name in set(detectors.REGISTRY) - before:
         detectors.REGISTRY.unregister(name)
+    for name in set(detectors.PATTERNS) - patterns:
+        del detectors.PATTERNS[name]
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ class Report:
 
 
 def _summary(result: DetectorResult) -> str:
-    found = detectors.REGISTRY.get(result.detector) or detectors.SCORES.get(result.detector)
+    found = detectors.declared(result.detector)
     if found is not None:
         return found.summary
     return SUMMARIES.get(result.relation, result.relation)

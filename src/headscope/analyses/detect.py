@@ -136,8 +136,7 @@ class Detect(_TableChecked):
         check_name(options.name)
         if options.label is not None:
             check_name(options.label, "label")
-        existing = detectors.REGISTRY.get(options.name)
-        if existing is not None and not isinstance(existing, PatternDetector):
+        if options.name in detectors.REGISTRY:
             raise InputError(
                 f"detect: name={options.name!r} is the {detectors.REGISTRY.origin(options.name)} detector",
                 hint="choose another name= for your pattern",
@@ -189,11 +188,9 @@ class Detect(_TableChecked):
             exclude_current_token=options.exclude_current_token,
             role=role,
         )
-        # Registered (replacing an earlier hs.detect of the same name) so the role map, the legends
-        # and the report find its role as they find a built-in's.
-        if options.name in detectors.REGISTRY:
-            detectors.REGISTRY.unregister(options.name)
-        detectors.REGISTRY.register(detector)
+        # Kept by name (replacing an earlier hs.detect of the same name) so the role map, the legends
+        # and the report find its role as they find a registered detector's; never in a scan.
+        detectors.PATTERNS[options.name] = detector
         batches = model_batches(loaded, sequences, specials, options.batch_size)
         results = score_batches(
             loaded, batches, [detector], len(sequences), prompt_set.name, progress=progress

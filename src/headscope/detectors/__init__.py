@@ -42,6 +42,10 @@ def _accept(obj: Any) -> Declaration:
         if obj.default_source not in BUILT_IN_PARTS:  # the scan's own parts read their own sets
             check_source(obj.default_source, obj.name)
         return obj
+    if isinstance(obj, PatternDetector):
+        raise TypeError(
+            f"{obj!r} holds one pattern per prompt of its own: run it with hs.detect, not in a scan"
+        )
     if isinstance(obj, Detector) and callable(obj):
         return obj
     raise TypeError(
@@ -82,17 +86,26 @@ for _builtin in (
 SCORES: dict[str, type[Detector]] = {LongRangeDetector.name: LongRangeDetector}
 
 
-def create(names: list[str] | None = None) -> list[Detector]:
-    """Instantiate detectors by name (all the scan can run when ``names`` is None).
+# hs.detect's pattern detectors, by name: each belongs to the prompts its patterns were made for,
+# so it never joins the scan's registry; kept here so that its tables' role, legend and summary are
+# found (:func:`declared`). A second hs.detect of the same name replaces the first.
+PATTERNS: dict[str, PatternDetector] = {}
 
-    A pattern detector (``hs.detect``) is registered for its tables' role and legend, but it holds
-    one pattern per prompt of its own, so it never runs in a scan."""
-    scannable = [name for name, found in REGISTRY.items() if not isinstance(found, PatternDetector)]
-    chosen = scannable if names is None else names
-    unknown = [n for n in chosen if n not in REGISTRY]
+
+def declared(name: str) -> Declaration | None:
+    """The declaration behind a table's ``detector`` column: the registry's, a pattern's, or a
+    score's (kv-plan's long-range mass); None for a name nobody declared."""
+    return REGISTRY.get(name) or PATTERNS.get(name) or SCORES.get(name)
+
+
+def create(names: list[str] | None = None) -> list[Detector]:
+    """Instantiate detectors by name (every registered one when ``names`` is None). A pattern
+    detector (``hs.detect``) holds one pattern per prompt of its own, so it never runs in a scan."""
+    chosen = list(REGISTRY) if names is None else names
+    own = [n for n in chosen if n in PATTERNS and n not in REGISTRY]
+    unknown = [n for n in chosen if n not in REGISTRY and n not in own]
     if unknown:
-        raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(scannable)}")
-    own = [n for n in chosen if n not in scannable]
+        raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(REGISTRY)}")
     if own:
         raise InputError(
             f"detector {', '.join(own)} scores the prompts its pattern was made for (hs.detect), not a scan's data",
@@ -105,6 +118,8 @@ __all__ = [
     "REGISTRY",
     "SCORES",
     "Declaration",
+    "PATTERNS",
+    "declared",
     "Detector",
     "DetectorResult",
     "PatternDetector",
