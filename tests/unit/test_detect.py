@@ -286,3 +286,22 @@ def test_targets_are_checked(toy, toy_texts):
             hs.scan(toy, detectors="future", text=toy_texts, resamples=0, weights=False)
     finally:
         detectors.REGISTRY.unregister("future")
+
+
+def test_a_detector_with_its_own_prompt_set_is_scored_on_it(toy, toy_texts):
+    """source=<prompt-set file>: the scan reads the file before the model loads and scores the
+    detector on it as a part of its own; the numbers equal those of the same targets on --text."""
+    hs.register(hs.TargetDetector("two-back-own", targets=two_back, source=str(toy_texts)))
+    hs.register(hs.TargetDetector("two-back-text", targets=two_back, source="text"))
+    try:
+        own = hs.scan(toy, detectors="two-back-own", resamples=0, weights=False).table
+        text = hs.scan(toy, detectors="two-back-text", text=toy_texts, resamples=0, weights=False).table
+        assert set(own.data) == {toy_texts.stem}
+        np.testing.assert_array_equal(own.score.to_numpy(float), text.score.to_numpy(float))
+        with pytest.raises(HeadscopeError, match="no-such.txt"):
+            hs.register(hs.TargetDetector("two-back-missing", targets=two_back, source="no-such.txt"))
+            hs.plan("scan", detectors="two-back-missing")
+    finally:
+        for name in ("two-back-own", "two-back-text", "two-back-missing"):
+            if name in detectors.REGISTRY:
+                detectors.REGISTRY.unregister(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from headscope.errors import InputError
 
@@ -79,12 +79,24 @@ def check_repeat_context(loaded: Any, options: Any) -> None:
 
 
 class _TableChecked(Analysis):
-    """Analyses whose tables ``Result.verify`` checks by token-loss ablation, as ``scan --verify`` does."""
+    """Analyses whose tables ``Result.verify`` checks by token-loss ablation, as ``scan --verify`` does.
+
+    ``k`` heads per table: the caller's, else the options' ``verify_k``, else 3. ``verify_min_n``: the
+    fewest counted positions a table needs to be checked (hs.detect counts prompts, not tokens)."""
+
+    verify_min_n: ClassVar[int] = 20
 
     def verify(
         self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None
     ) -> list[Check]:
         from .ablation import verify as verify_tables
 
-        checks = verify_tables(loaded, outcome.report, k=k or 3, seed=options.seed, progress=progress)
+        checks = verify_tables(
+            loaded,
+            outcome.report,
+            k=k or getattr(options, "verify_k", 3),
+            seed=options.seed,
+            progress=progress,
+            min_n=self.verify_min_n,
+        )
         return [Check("table", c) for c in checks]

@@ -26,7 +26,7 @@ from headscope.rolespec import RoleSpec
 from headscope.verdicts.roles import RoleRule
 
 from .base import _prompt_set_report, encode_texts, model_batches, score_batches
-from .checks import Check, _TableChecked
+from .checks import _TableChecked
 from .protocol import HELP_BATCH, Outcome, Stats, check_common, option, register
 
 
@@ -130,6 +130,7 @@ class Detect(_TableChecked):
     json_roles = True
     cli = False  # the pattern is a tensor or a function: a Python-only analysis
     positional = ("prompts", "pattern")  # hs.detect(model, tokenizer, prompts, pattern, ...)
+    verify_min_n = 1  # n counts prompts here (one score per prompt): any number of prompts is checked
 
     def check(self, options: DetectOptions) -> DetectInputs:
         check_common(options)
@@ -208,17 +209,6 @@ class Detect(_TableChecked):
             role_rule=prepared.rule,
         )
         return Outcome(report, state={"rule": prepared.rule})
-
-    def verify(
-        self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None
-    ) -> list[Check]:
-        from .ablation import verify as verify_tables
-
-        # n counts prompts here (one score per prompt), not tokens: any number of prompts is checked.
-        checks = verify_tables(
-            loaded, outcome.report, k=k or options.verify_k, seed=options.seed, progress=progress, min_n=1
-        )
-        return [Check("table", c) for c in checks]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
         tables = [c.to_json() for c in outcome.checks if c.kind == "table"]

@@ -83,6 +83,7 @@ def scan(
     role_rule: RoleRule | None = None,
     progress: ProgressFactory | None = None,
     include_weights: bool | None = None,
+    own_sets: dict[str, PromptSet] | None = None,
 ) -> Report:
     """Run every detector on the data it is defined on, and (``include_weights``) the weight-only roles.
 
@@ -106,25 +107,15 @@ def scan(
     text_detectors = _detectors_for("text", detector_names)
     if text_detectors:
         with parts.part("text") as part:
-            sequences, specials = encode_texts(loaded, text_set)
-            batches = model_batches(loaded, sequences, specials, batch_size)
-            part.descriptions[text_set.name] = f"{display_path(text_set.path)} ({len(sequences)} texts)"
-            part.inputs[text_set.name] = batches
-            part.results += score_batches(
-                loaded, batches, text_detectors, len(sequences), text_set.name, progress=progress
-            )
+            _score_prompt_set(part, loaded, text_set, text_detectors, batch_size, progress)
 
-    # Declared detectors that bring their own prompt set (a plugin's brackets, say): one part per set.
+    # Declared detectors that bring their own prompt set (a plugin's brackets, say): one part per set,
+    # read by Scan.check before the model loaded (``own_sets``) or here.
+    own_sets = own_sets or {}
     for path, own in _own_sources(detector_names).items():
-        own_set = load_texts(path)
+        own_set = own_sets.get(path) or load_texts(path)
         with parts.part(own_set.name) as part:
-            sequences, specials = encode_texts(loaded, own_set)
-            batches = model_batches(loaded, sequences, specials, batch_size)
-            part.descriptions[own_set.name] = f"{display_path(own_set.path)} ({len(sequences)} texts)"
-            part.inputs[own_set.name] = batches
-            part.results += score_batches(
-                loaded, batches, own, len(sequences), own_set.name, progress=progress
-            )
+            _score_prompt_set(part, loaded, own_set, own, batch_size, progress)
 
     token_detectors = _detectors_for("repeated-tokens", detector_names)
     if token_detectors:
@@ -205,6 +196,22 @@ def scan(
         outcomes={k: v for p in parts.done for k, v in p.outcomes.items()},
         timings=parts.timings,
     )
+
+
+def _score_prompt_set(
+    part: _Part,
+    loaded: LoadedModel,
+    prompt_set: PromptSet,
+    chosen: Sequence[Any],
+    batch_size: int,
+    progress: ProgressFactory | None,
+) -> None:
+    """One prompt set through ``chosen`` detectors, as a part of the scan (its inputs kept for --verify)."""
+    sequences, specials = encode_texts(loaded, prompt_set)
+    batches = model_batches(loaded, sequences, specials, batch_size)
+    part.descriptions[prompt_set.name] = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
+    part.inputs[prompt_set.name] = batches
+    part.results += score_batches(loaded, batches, chosen, len(sequences), prompt_set.name, progress=progress)
 
 
 def _own_sources(names: Sequence[str] | None) -> dict[str, list[Any]]:
@@ -374,6 +381,7 @@ class ScanInputs:
     weights: bool  # also the weight-only roles
     text_set: PromptSet
     rule: RoleRule
+    own_sets: dict[str, PromptSet] = field(default_factory=dict)  # declared detectors' own prompt sets
 
 
 @register
@@ -410,14 +418,15 @@ class Scan(Analysis):
             include_weights = listed and options.weights is not False
             names = [n for n in names if n != "weights"]
             detectors.create(names)  # reject unknown names before loading anything
-        for path in _own_sources(names):
-            load_texts(path)  # a declared detector's own prompt set: read and checked before the model
+        # A declared detector's own prompt set: read and checked before the model, read once.
+        own_sets = {path: load_texts(path) for path in _own_sources(names)}
         options.repeat_spec(options.seed).validate()
         text = options.text if options.text is not None else builtin(DEFAULT_TEXT_SET)
         return ScanInputs(
             names=names,
             weights=include_weights,
             text_set=load_texts(text),
+            own_sets=own_sets,
             rule=RoleRule(threshold=options.role_threshold, margin=options.role_margin, alpha=options.alpha),
         )
 
@@ -438,6 +447,7 @@ class Scan(Analysis):
             role_rule=prepared.rule,
             progress=progress,
             include_weights=prepared.weights,
+            own_sets=prepared.own_sets,
         )
         return Outcome(report, state={"rule": prepared.rule, "verified": False})
 
