@@ -206,6 +206,36 @@ def weights(
 ) -> Result:
     """Roles from the weights alone: OV copying, copy suppression and successor heads (no prompts)."""
 
+def icl(
+    model: Any = ...,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    progress: bool | Callable | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    text: Path | None = None,
+    context: int = 512,
+    early: int = 50,
+    late: int = 500,
+    window: int = 5,
+    tasks: str = "all",
+    shots: str = "0,1,5,10",
+    queries: int = 40,
+    fv: bool = True,
+    fv_prompts: int = 10,
+    fv_shots: int = 10,
+    min_accuracy: float = 0.2,
+    k: int = 10,
+    verify: bool = False,
+    draws: int = 3,
+    batch_size: int = 8,
+) -> Result:
+    """In-context learning beside its heads: the ICL score (loss by position), few-shot accuracy, function-vector heads, and (--verify) which heads' removal costs which."""
+
 def detect(
     model: Any = ...,
     tokenizer: Any = None,
@@ -248,6 +278,7 @@ __all__ = [
     "compare",
     "coref",
     "detect",
+    "icl",
     "induction",
     "ioi",
     "kv_plan",

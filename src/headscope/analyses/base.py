@@ -104,6 +104,8 @@ class Report:
     outcomes: dict[str, Any] = field(default_factory=dict)
     # Wall-clock seconds per step (scan: per data set), for --profile; not part of any output file.
     timings: dict[str, float] = field(default_factory=dict, repr=False)
+    # Model-level numbers a sweep records beside the head tables (icl: the ICL score and its interval).
+    measures: dict[str, float] = field(default_factory=dict)
 
 
 def _summary(result: DetectorResult) -> str:

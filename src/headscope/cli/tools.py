@@ -51,7 +51,8 @@ def sweep_cmd(
     analysis: Annotated[
         str,
         typer.Option(
-            "--analysis", help="Comma-separated: induction (default), scan, weights, syntax, coref."
+            "--analysis",
+            help="Comma-separated: induction (default), scan, weights, syntax, coref, icl.",
         ),
     ] = "induction",
     executor: Executor,
@@ -72,6 +73,14 @@ def sweep_cmd(
     repeat: Repeat,
     tokens: Annotated[int, typer.Option("--tokens", help="weights: sampled tokens.")] = 2000,
     k: Annotated[int, typer.Option("--k", help="weights: top-k.")] = 5,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any other option of the chosen analyses, NAME=VALUE by its Python name "
+            "(icl: --set early=5 --set text=held.txt). Repeat it for several.",
+        ),
+    ] = None,
     stats: Stats,
     force: Annotated[bool, typer.Option("--force", help="Recompute every run, valid or not.")] = False,
     debug: Debug,
@@ -79,7 +88,7 @@ def sweep_cmd(
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
     with handle_errors(debug.debug):
         from headscope.outputs.sweeps import print_sweep
-        from headscope.sweeps.run import check_analyses, check_resources
+        from headscope.sweeps.run import check_analyses, check_resources, parse_settings
         from headscope.sweeps.run import sweep as run_sweep
         from headscope.sweeps.specs import check_series
 
@@ -96,6 +105,7 @@ def sweep_cmd(
             options.update(seq_len=repeat.seq_len, repeat_seq=repeat.repeat_seq, n_seqs=repeat.n_seqs)
         if "weights" in chosen:
             options.update(tokens=tokens, k=k)
+        options.update(parse_settings(chosen, settings or []))
 
         def on_result(run_key: str, outcome: dict) -> None:
             status = "done" if outcome["ok"] else f"failed: {outcome['error']}"

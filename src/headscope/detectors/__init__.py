@@ -13,6 +13,7 @@ from typing import Any
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
 from headscope.detectors.coref import CorefDetector
+from headscope.detectors.functionvector import FunctionVectorScore
 from headscope.detectors.induction import DuplicateTokenDetector, InductionDetector
 from headscope.detectors.kvcache import LongRangeDetector
 from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
@@ -81,9 +82,12 @@ for _builtin in (
     REGISTRY.add_builtin(_builtin)
 
 
-# Detectors that score heads without naming a role (kv-plan's long-range mass): never part of a
-# scan, but their tables are described like the roles'.
-SCORES: dict[str, type[Detector]] = {LongRangeDetector.name: LongRangeDetector}
+# Detectors whose scores do not come from a scan's attention maps (kv-plan's long-range mass, icl's
+# function-vector AIE): never part of a scan, but their tables are described like the roles'.
+SCORES: dict[str, type[Detector]] = {
+    LongRangeDetector.name: LongRangeDetector,
+    FunctionVectorScore.name: FunctionVectorScore,
+}
 
 
 # hs.detect's pattern detectors, by name: each belongs to the prompts its patterns were made for,

@@ -765,6 +765,78 @@ def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
     return table
 
 
+def _est(estimate: Any, digits: int = 3) -> str:
+    low, high = estimate.ci
+    return f"{_fmt(estimate.mean, digits)} {_fmt_ci(low, high)}"
+
+
+def print_icl(measures: Any, console: Console) -> None:
+    """headscope icl: the ICL score, few-shot accuracy by shots, and the function vector's transfer."""
+    score = measures.score
+    if score is not None:
+        console.print(
+            f"[bold]ICL score[/bold] (loss at token {score.late} − loss at token {score.early}, "
+            f"each ±{score.window} tokens, over {score.score.n} texts): {_est(score.score)}"
+        )
+        shown = [p for p in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if p <= len(score.curve)]
+        cells = " · ".join(f"{p}: {_fmt(score.curve[p - 1])}" for p in shown)
+        console.print(f"loss by token: {cells}", soft_wrap=True)
+    if measures.accuracy:
+        shots = sorted({a.shots for a in measures.accuracy})
+        table = Table(title="few-shot accuracy (top-1 answer token, 95% CI over queries)")
+        table.add_column("task", justify="left")
+        for n in shots:
+            table.add_column(f"{n}-shot", justify="right")
+        tasks = list(dict.fromkeys(a.task for a in measures.accuracy))
+        by = {(a.task, a.shots): a.accuracy for a in measures.accuracy}
+        for task in tasks:
+            table.add_row(task, *(_est(by[(task, n)], 2) if (task, n) in by else "–" for n in shots))
+        console.print(table)
+    transfer = measures.transfer
+    if transfer is not None:
+        heads = " ".join(f"L{layer}H{head}" for layer, head in transfer.heads)
+        console.print(
+            f"[bold]function vector[/bold] (top-{transfer.k} FV heads: {heads}; tasks {', '.join(measures.fv_tasks)}), "
+            f"added after layer {transfer.layer} (best of the layer sweep on half the queries), "
+            f"zero-shot accuracy on the other half: none {_est(transfer.zero_shot, 2)}, "
+            f"function vector {_est(transfer.function_vector, 2)}, "
+            f"{transfer.k} random same-layer heads {_est(transfer.random_vector, 2)} "
+            f"({len(transfer.random_draws)} draws)",
+            soft_wrap=True,
+        )
+        sweep = " ".join(f"{layer}:{acc:.2f}" for layer, acc in transfer.sweep)
+        console.print(f"layer sweep (layer: accuracy on the selection half): {sweep}", soft_wrap=True)
+
+
+def print_icl_ablation(check: Any, console: Console) -> None:
+    """Yin and Steinhardt's comparison: the 2 × 3 table."""
+
+    def heads_text(heads: list[tuple[int, int]]) -> str:
+        return " ".join(f"L{layer}H{head}" for layer, head in heads) or "–"
+
+    console.print(
+        f"[bold]which heads matter for which ICL[/bold] ({check.mode} ablation of K={check.k} heads; "
+        f"induction: {heads_text(check.heads['induction'])}; FV: {heads_text(check.heads['fv'])}; "
+        f"top-K in both, left out: {heads_text(check.excluded)}; random: {len(check.random_heads)} draws "
+        "from the same layers)",
+        soft_wrap=True,
+    )
+    table = Table()
+    table.add_column("measure", justify="left")
+    table.add_column("clean", justify="right")
+    for name in ("induction", "fv", "random"):
+        table.add_column(f"{name} ablated (Δ)", justify="right")
+    labels = {"icl_score": "ICL score (nats)", "accuracy": f"{check.shots}-shot accuracy"}
+    for measure, label in labels.items():
+        row = check.cells[measure]
+        table.add_row(
+            label,
+            _est(check.clean[measure]),
+            *(f"{_est(row[n].value)} ({_est(row[n].change)})" for n in ("induction", "fv", "random")),
+        )
+    console.print(table)
+
+
 # --- a whole result, with its causal checks ------------------------------------------------------------
 
 
@@ -779,6 +851,7 @@ def check_printers() -> dict[type, Callable[..., None]]:
     so a new check is its record type and its printer here, with no name to keep in step. Table
     checks (``Verification``) print together as one table, in :func:`print_checks`."""
     from headscope.analyses.ablation import AblationResult
+    from headscope.analyses.icl import ICLAblation, ICLMeasures
     from headscope.analyses.ioi import IOIVerification
     from headscope.analyses.kvplan import KVPlan
     from headscope.analyses.retrieval import RetrievalAblation
@@ -790,6 +863,8 @@ def check_printers() -> dict[type, Callable[..., None]]:
         SuccessorAblation: print_successor_ablation,
         IOIVerification: print_ioi_verification,
         KVPlan: _print_kv_plan,
+        ICLMeasures: print_icl,
+        ICLAblation: print_icl_ablation,
     }
 
 

@@ -25,7 +25,7 @@ def print_sweep(result: Any, n_analyses: int, console: Console) -> None:
     rise = result.emergence()
     if len(rise):
         console.print(
-            "[bold]emergence[/bold] (per role table: best score first → last step, where it rose most, where the repeated-copy loss dropped most, and the first step each head held the role)"
+            "[bold]emergence[/bold] (per role table: best score first → last step, where it rose most, where the repeated-copy loss and the ICL score dropped most, and the first step each head held the role)"
         )
         console.print(dataframe_table(rise))
     models = result.across_models()

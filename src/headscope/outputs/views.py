@@ -401,9 +401,43 @@ def save_needle_png(outcome: Any, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def save_icl_png(measures: Any, path: Path, title: str = "") -> None:
+    """Mean next-token loss against token position (log x), with the ICL score's two windows marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    from matplotlib import pyplot as plt
+
+    score = measures.score
+    curve = np.asarray(score.curve, dtype=float)
+    positions = np.arange(1, len(curve) + 1)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(positions, curve, lw=0.8, color="#adb5bd", label="mean over texts")
+    # A running mean over a window that widens with position, so the log axis reads evenly.
+    smooth = [np.nanmean(curve[max(0, p - 1 - p // 10) : p + p // 10]) for p in positions]
+    ax.plot(positions, smooth, lw=1.8, color="#1c7ed6", label="smoothed (±10% of position)")
+    for at, name in ((score.early, "early"), (score.late, "late")):
+        ax.axvspan(at - score.window, at + score.window, color="#fab005", alpha=0.3)
+        ax.text(at, ax.get_ylim()[1], name, ha="center", va="top", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("token position in the text")
+    ax.set_ylabel("next-token loss (nats)")
+    low, high = score.score.ci
+    ax.set_title(
+        (title + "\n" if title else "")
+        + f"ICL score {score.score.mean:+.3f} [{low:+.3f}, {high:+.3f}] over {score.score.n} texts",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str = "") -> None:
     """Trajectories across steps: for each role table, the score of the heads that end up in the
-    top ``top``, with their 95% intervals as bands; the repeated-copy loss beside the induction score."""
+    top ``top``, with their 95% intervals as bands; the repeated-copy loss beside the induction score,
+    and the ICL score (``headscope icl``) on the same step axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -418,7 +452,9 @@ def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str
         if group["step"].nunique() >= 2
     ]
     loss = losses[losses["series"].isin(series)].sort_values("step") if len(losses) else losses
-    panels = len(groups) + (1 if len(loss) else 0)
+    icl = loss[loss["icl_score"].notna()] if "icl_score" in loss else loss.iloc[0:0]
+    loss = loss[loss["later"].notna()] if "later" in loss else loss
+    panels = len(groups) + (1 if len(loss) else 0) + (1 if len(icl) else 0)
     if panels == 0:
         raise InputError("--png: no role changes across steps to draw (give a folder of checkpoints)")
     columns = min(3, panels)
@@ -444,6 +480,17 @@ def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str
         ax.plot(loss["step"].astype(float), loss["first"], marker="o", ms=3, label="first copy")
         ax.plot(loss["step"].astype(float), loss["later"], marker="o", ms=3, label="later copies")
         ax.set_title("repeated-copy loss (nats)", fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    if len(icl):
+        ax = flat[len(groups) + (1 if len(loss) else 0)]
+        steps = icl["step"].astype(float)
+        ax.plot(steps, icl["icl_score"], marker="o", ms=3, color="#e8590c", label="ICL score")
+        ax.fill_between(
+            steps, icl["icl_score_low"].astype(float), icl["icl_score_high"].astype(float), alpha=0.2
+        )
+        ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+        ax.set_title("ICL score: late − early loss (nats)", fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
     for ax in flat[panels:]:

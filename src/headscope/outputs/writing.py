@@ -94,6 +94,14 @@ def _needle_png(result: Any, path: Path, force: bool) -> str:
     return str(path)
 
 
+def _icl_png(result: Any, path: Path, force: bool) -> str:
+    from headscope.outputs import views
+
+    with files.atomic_path(path, "--png", force) as tmp:
+        views.save_icl_png(result.state["measures"], tmp, f"{result.model}: next-token loss by position")
+    return str(path)
+
+
 def _plan_folder(result: Any, path: Path, force: bool) -> str:
     from headscope.outputs import kvplan
 
@@ -117,6 +125,7 @@ WRITERS: dict[str, Writer] = {
     "html-grid": _html(examples=False),
     "ablation-json": _ablation_json,
     "needle-png": _needle_png,
+    "icl-png": _icl_png,
     "plan-folder": _plan_folder,
 }
 # A folder's own check before the model loads (a file joins the check of --csv and -o): its notes.

@@ -78,6 +78,7 @@ def _analyse(task: Task) -> dict[str, Any]:
     return {
         "rows": rows,
         "loss": loss,
+        "measures": dict(report.measures) or None,
         "notes": list(report.notes),
         "layers": loaded.layout.n_layers,
         "heads": loaded.layout.n_heads,

@@ -59,6 +59,51 @@ def check_analyses(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+def parse_settings(chosen: Sequence[str], settings: Sequence[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` pairs: an option of the chosen analyses by its Python name, its value
+    read as the option's type (``early=5``, ``text=held.txt``, ``fv=false``)."""
+    import dataclasses
+    import typing
+    from pathlib import Path
+
+    from headscope.analyses.protocol import get
+
+    fields: dict[str, Any] = {}
+    for name in chosen:
+        kinds = typing.get_type_hints(get(name).options)
+        for declared in dataclasses.fields(get(name).options):
+            fields.setdefault(declared.name, kinds[declared.name])
+    out: dict[str, Any] = {}
+    for item in settings:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InputError(f"--set {item}: give NAME=VALUE, e.g. --set early=5")
+        if key not in fields:
+            raise InputError(
+                f"--set {item}: {key} is an option of none of {', '.join(chosen)}",
+                hint=f"known: {', '.join(sorted(fields))}",
+            )
+        kind = fields[key]
+        members = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
+        value: Any = text
+        if text.lower() == "none" and type(None) in typing.get_args(kind):
+            value = None
+        elif bool in members:
+            if text.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+                raise InputError(f"--set {item}: {key} takes true or false")
+            value = text.lower() in {"true", "1", "yes"}
+        elif int in members or float in members:
+            try:
+                value = int(text) if int in members else float(text)
+            except ValueError:
+                raise InputError(f"--set {item}: {key} takes a number") from None
+        elif Path in members:
+            value = Path(text)
+        out[key] = value
+    return out
+
+
 def check_options(chosen: Sequence[str], options: dict[str, Any]) -> None:
     """Every option is checked, by the analyses that declare it, before any worker starts."""
     from headscope.analyses.protocol import get

@@ -15,6 +15,8 @@ from .specs import Target
 from .store import Store
 
 SWEEP_COLUMNS = ["model", "step", "analysis", "series", "n_layers", *CSV_COLUMNS[1:]]
+# Model-level numbers an analysis reports beside its heads (Report.measures), one column each.
+MEASURE_COLUMNS = ["icl_score", "icl_score_low", "icl_score_high"]
 
 
 def collect(
@@ -38,21 +40,36 @@ def collect(
             frame["series"] = target.series
             frame["n_layers"] = payload.get("layers")
             frames.append(frame)
-            if payload.get("loss"):
-                loss = payload["loss"]
+            if payload.get("loss") or payload.get("measures"):
+                loss = payload.get("loss") or {}
+                measures = payload.get("measures") or {}
                 losses.append(
                     {
                         "model": target.label,
                         "series": target.series,
                         "step": target.step,
-                        "first": loss["first"],
-                        "later": loss["later"],
+                        "first": loss.get("first", np.nan),
+                        "later": loss.get("later", np.nan),
+                        **{name: measures.get(name, np.nan) for name in MEASURE_COLUMNS},
                     }
                 )
     table = pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else None
     if table is not None:
         table["step"] = table["step"].astype("Int64")
-    return table, pd.DataFrame(losses, columns=["model", "series", "step", "first", "later"])
+    return table, pd.DataFrame(
+        losses, columns=["model", "series", "step", "first", "later", *MEASURE_COLUMNS]
+    )
+
+
+def _drop_step(frame: pd.DataFrame, column: str) -> int | None:
+    """The step at which ``column`` falls most from the checkpoint before (None: fewer than two)."""
+    if column not in frame:
+        return None
+    part = frame[frame[column].notna()].sort_values("step")
+    if len(part) < 2:
+        return None
+    change = np.diff(part[column].to_numpy(float))
+    return int(part["step"].iloc[int(np.argmin(change)) + 1])
 
 
 def _label(row: Any) -> str:
@@ -61,18 +78,17 @@ def _label(row: Any) -> str:
 
 def emergence(table: pd.DataFrame, losses: pd.DataFrame) -> pd.DataFrame:
     """Per series with several steps and per role table: when each head first holds the role,
-    where the best score rises most, and where the repeated-copy loss drops most."""
+    where the best score rises most, where the repeated-copy loss drops most, and where the ICL score
+    (``headscope icl``) drops most."""
     out = []
     stepped = table[table["step"].notna()]
     for series, part in stepped.groupby("series", sort=False):
         steps = sorted(part["step"].unique())
         if len(steps) < 2:
             continue
-        loss = losses[losses.series == series].sort_values("step")
-        drop_step = None
-        if len(loss) >= 2:
-            change = np.diff(loss["later"].to_numpy(float))
-            drop_step = int(loss["step"].iloc[int(np.argmin(change)) + 1])
+        loss = losses[losses.series == series]
+        drop_step = _drop_step(loss, "later")
+        icl_step = _drop_step(loss, "icl_score")
         for keys, group in part.groupby(
             ["analysis", "data", "detector", "relation", "direction"], sort=False
         ):
@@ -93,6 +109,7 @@ def emergence(table: pd.DataFrame, losses: pd.DataFrame) -> pd.DataFrame:
                     "largest_rise_at": rise_step,
                     "largest_rise": float(np.nanmax(rises)) if np.isfinite(rises).any() else None,
                     "copy_loss_drop_at": drop_step,
+                    "icl_score_drop_at": icl_step,
                     "first_step_per_head": "; ".join(f"L{lay}H{h}@{s}" for (lay, h), s in first.items()),
                 }
             )

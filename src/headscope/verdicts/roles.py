@@ -50,7 +50,7 @@ def role_specs() -> dict[str, RoleSpec]:
     """Every role a head can be given, by label (first declared wins; descriptive tables name none)."""
     declared = [
         spec
-        for cls in [*detectors.REGISTRY.values(), *detectors.PATTERNS.values()]
+        for cls in [*detectors.REGISTRY.values(), *detectors.PATTERNS.values(), *detectors.SCORES.values()]
         for spec in cls.role_specs()
     ]
     declared += list(weights_tables.ROLES.values())
@@ -76,6 +76,7 @@ class RoleRule:
     alpha: float = 0.05
     dla_min: float = 0.1  # nats: a name mover moves at least this much logit difference
     patch_min: float = 0.05  # attention: an S-inhibition head moves the name movers at least this much
+    aie_min: float = 0.01  # probability: a function-vector head's mean output restores at least this much
 
     def describe(self) -> str:
         return (
@@ -85,7 +86,8 @@ class RoleRule:
             "sink only when no other role qualifies; name movers (nm) and negative name movers "
             f"(neg): DLA toward IO against S significantly above (below) 0 and |DLA| ≥ {self.dla_min:g}, "
             "with attention to IO above attention to S1 + S2; S-inhibition (sinh): the path-patching "
-            f"effect on the name movers significantly above 0 and ≥ {self.patch_min:g}"
+            f"effect on the name movers significantly above 0 and ≥ {self.patch_min:g}; function-vector "
+            f"heads (fv): the average indirect effect significantly above 0 and ≥ {self.aie_min:g}"
         )
 
 
@@ -147,7 +149,7 @@ def _signed_roles(
     p = np.minimum(1.0, 2.0 * np.minimum(one_sided_p(score, zero, se), one_sided_p(-score, zero, se)))
     p_adj = benjamini_hochberg(p)
     first = group.iloc[0]
-    minimum = rule.dla_min if first["relation"] == "dla" else rule.patch_min
+    minimum = {"dla": rule.dla_min, "aie": rule.aie_min}.get(first["relation"], rule.patch_min)
     significant = p_adj < rule.alpha
     up = significant & (group["ci_low"].to_numpy(float) > 0) & (score >= minimum)
     down = significant & (group["ci_high"].to_numpy(float) < 0) & (score <= -minimum)
