@@ -43,7 +43,7 @@ from headscope.errors import InputError, PromptSetError
 from headscope.models import LoadedModel, anatomy, projections
 from headscope.verdicts.heads import Head, top_heads
 from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import assign_roles
+from headscope.verdicts.roles import RoleRule, assign_roles
 from headscope.verdicts.stats import bootstrap_ratio
 
 from .base import ProgressFactory, RepeatSpec, Report, _sections, model_batches
@@ -799,7 +799,13 @@ def run_icl(
         overall = measures.overall(top_shot)
         if overall is not None:
             report.measures[f"accuracy_{top_shot}_shot"] = overall.mean
-    state = {"measures": measures, "tasks": tasks, "windows": (sequences, specials), "means": means}
+    state = {
+        "measures": measures,
+        "tasks": tasks,
+        "windows": (sequences, specials),
+        "means": means,
+        "rule": RoleRule(),
+    }
     return Outcome(report, state=state, checks=[Check("icl", measures)])
 
 
@@ -1091,6 +1097,10 @@ class ICL(Analysis):
             )
         if options.fv and options.tasks != "none":
             _too_many(loaded, options.k, "k", "a random control of the same size")
+        # Each task's answers must be single tokens for this tokenizer: refused before any forward pass.
+        specs = _task_specs(options.tasks)
+        if specs != []:
+            prepare_tasks(loaded, load_tasks(specs), options.queries, options.seed)
 
     def views(self, loaded: Any, options: ICLOptions) -> tuple[str, ...]:
         # The function vector is a sum of heads' writes: the per-head decomposition is checked first.
@@ -1107,4 +1117,8 @@ class ICL(Analysis):
         return [*outcome.checks, Check("icl-ablation", verify_icl(loaded, outcome, options, progress))]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"icl": _one_check(outcome, "icl"), "ablation": _one_check(outcome, "icl-ablation")}
+        return {
+            "role_rule": outcome.state["rule"].describe(),
+            "icl": _one_check(outcome, "icl"),
+            "ablation": _one_check(outcome, "icl-ablation"),
+        }

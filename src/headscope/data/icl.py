@@ -334,10 +334,12 @@ def answer_ids(task: ICLTask, tokenizer: Any) -> tuple[dict[int, int], list[ICLP
     """
     ids: dict[int, int] = {}
     multi: list[ICLPair] = []
+    # An answer the tokenizer reads as its unknown token is no answer (a word-level vocabulary).
+    unknown = getattr(tokenizer, "unk_token_id", None)
     for index, pair in enumerate(task.pairs):
         query = _ids(tokenizer, task.query(pair))
         full = _ids(tokenizer, task.query(pair) + task.answer(pair))
-        if len(full) == len(query) + 1 and full[: len(query)] == query:
+        if len(full) == len(query) + 1 and full[: len(query)] == query and full[-1] != unknown:
             ids[index] = full[-1]
         else:
             multi.append(pair)

@@ -1,0 +1,77 @@
+"""headscope icl on the bundled SmolLM2 (slow): one run, small but real, read by several tests.
+
+The ICL score on the shipped haystacks is negative with an interval that excludes 0 (later tokens
+are predicted better), few-shot prompts beat zero-shot ones, function-vector heads are scored by
+patching, and --verify's table (induction / FV / random heads, mean-ablated) is complete.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import headscope as hs
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = dict(
+    context=128,
+    early=10,
+    late=120,
+    window=3,
+    tasks="antonym-en,plural-en",
+    shots="0,5",
+    queries=12,
+    fv_prompts=4,
+    k=3,
+    draws=1,
+    resamples=200,
+    verify=True,
+)
+
+
+@pytest.fixture(scope="module")
+def result(smollm2):
+    return hs.icl(smollm2, **OPTIONS)
+
+
+def test_the_icl_score_is_negative_and_its_interval_excludes_zero(result):
+    score = result.state["measures"].score
+    assert (score.early, score.late, score.window) == (10, 120, 3)
+    assert score.score.n >= 20  # windows of 128 tokens from the English and Chinese haystacks
+    assert score.score.mean < 0 and score.score.ci[1] < 0, score.score
+    assert result.report.measures["icl_score"] == pytest.approx(score.score.mean)
+
+
+def test_few_shot_prompts_beat_zero_shot_ones(result):
+    accuracy = {(a.task, a.shots): a.accuracy for a in result.state["measures"].accuracy}
+    assert set(accuracy) == {(t, s) for t in ("antonym-en", "plural-en", "all") for s in (0, 5)}
+    assert accuracy[("all", 5)].mean > accuracy[("all", 0)].mean + 0.3
+    assert accuracy[("all", 5)].n == 24
+
+
+def test_function_vector_heads_are_scored_and_transferred(result):
+    table = result.report.table
+    fv = table[table.detector == "fv"]
+    assert len(fv) == 30 * 9 and (fv.n == 8).all()  # 4 corrupted prompts x 2 tasks
+    assert fv.score.max() > 0.01
+    assert set(fv.role) <= {"", "fv"}
+    transfer = result.state["measures"].transfer
+    assert transfer is not None and len(transfer.sweep) == 30 and len(transfer.heads) == 3
+    assert 0 <= transfer.layer < 30
+
+
+def test_the_ablation_table_compares_induction_fv_and_random_heads(result):
+    (check,) = [c.value for c in result.checks if c.kind == "icl-ablation"]
+    induction, fv = set(check.heads["induction"]), set(check.heads["fv"])
+    assert len(induction) == len(fv) == 3 and not induction & fv
+    assert not set(check.excluded) & (induction | fv)
+    for measure in ("icl_score", "accuracy"):
+        for name in ("induction", "fv", "random"):
+            cell = check.cells[measure][name]
+            assert np.isfinite(cell.value.mean) and cell.change.ci[0] <= cell.change.ci[1]
+    data = json.loads(result.to_json())
+    assert data["ablation"]["ablated"]["accuracy"]["fv"]["value"]["n"] == 24
+    assert data["icl"]["icl_score"]["late"] == 120
