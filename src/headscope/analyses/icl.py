@@ -951,11 +951,19 @@ def ablation_sets(
     and ``draws`` sets of K random heads from the same layers as the two lists, in neither."""
     induction_rank = top_heads(table[table.detector == "induction"], "induction", len(table))
     fv_rank = top_heads(table[table.data == FV_DATA], "fv", len(table))
-    both = sorted(set(induction_rank[:k]) & set(fv_rank[:k]))
-    sets = {
-        "induction": [h for h in induction_rank if h not in both][:k],
-        "fv": [h for h in fv_rank if h not in both][:k],
-    }
+    # Heads top-K in both lists are left out of both; the lists refill from their rankings, and a
+    # head that then lands in both is left out too, until the two lists share no head.
+    excluded: set[Head] = set()
+    while True:
+        sets = {
+            "induction": [h for h in induction_rank if h not in excluded][:k],
+            "fv": [h for h in fv_rank if h not in excluded][:k],
+        }
+        shared = set(sets["induction"]) & set(sets["fv"])
+        if not shared:
+            break
+        excluded |= shared
+    both = sorted(excluded)
     rng = random.Random(seed)
     union = sets["induction"] + sets["fv"]
     excluded = set(union) | set(both)
