@@ -88,3 +88,9 @@ def test_the_ablation_table_compares_induction_fv_and_random_heads(result):
     data = json.loads(result.to_json())
     assert data["ablation"]["ablated"]["accuracy"]["fv"]["value"]["n"] == 16
     assert data["icl"]["icl_score"]["late"] == 88
+
+
+def test_the_fv_role_reaches_the_html_report(result):
+    page = result.html(examples=False)
+    assert "function-vector head" in page  # the fv legend, from its RoleSpec
+    assert "icl-tasks · fv · aie" in page

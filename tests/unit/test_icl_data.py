@@ -21,6 +21,23 @@ from headscope.data.icl import (
 from headscope.errors import InputError, PromptSetError
 
 MIN_SHIPPED_PAIRS = 40
+# Tasks with Chinese answers: one token each for Gemma 3, but rarely for SmolLM2, where the analysis
+# leaves them out (fewer than MIN_PAIRS single-token answers).
+GEMMA_ONLY = {"antonym-zh", "capital-zh"}
+SHIPPED = {
+    "antonym-en",
+    "antonym-zh",
+    "capital-en",
+    "capital-zh",
+    "color-en",
+    "color-zh",
+    "element-zh",
+    "language-en",
+    "past-en",
+    "pinyin-zh",
+    "plural-en",
+    "zh-en",
+}
 
 
 def _pairs(n: int, start: int = 0) -> str:
@@ -56,6 +73,8 @@ def test_shipped_tasks_load_with_enough_distinct_pairs() -> None:
         assert len(task.pairs) >= MIN_SHIPPED_PAIRS, task.name
         assert len({pair.x for pair in task.pairs}) == len(task.pairs), task.name
         assert task.path.read_text(encoding="utf-8").startswith("# Written for headscope."), task.name
+    assert set(names) == SHIPPED
+    assert GEMMA_ONLY <= SHIPPED
     langs = [task.lang for task in tasks]
     assert langs.count("en") >= 6
     assert langs.count("zh") >= 4
@@ -253,31 +272,46 @@ def test_other_bad_files_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
-def tokenizer(request):
+def bundled(request):
+    """(model name, its tokenizer) for each bundled model."""
     from transformers import AutoTokenizer
 
     from headscope.models.bundled import bundled_file
 
     path, _ = bundled_file(request.param)
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return request.param, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _one_token_for(model: str, task: ICLTask) -> bool:
+    """Whether every answer of ``task`` should be one token for ``model``'s tokenizer."""
+    return model == "gemma3-270m" or task.name not in GEMMA_ONLY
 
 
 @pytest.mark.slow
-def test_every_shipped_answer_is_one_token(tokenizer) -> None:
+def test_every_shipped_answer_is_one_token(bundled) -> None:
+    model, tokenizer = bundled
     for task in load_tasks(None):
         ids, multi = answer_ids(task, tokenizer)
-        assert multi == [], (task.name, [pair.y for pair in multi])
+        if not _one_token_for(model, task):
+            # Chinese answers, rarely one SmolLM2 token: too few for the analysis, which leaves it out.
+            assert len(ids) < MIN_PAIRS, (model, task.name, len(ids))
+            continue
+        assert multi == [], (model, task.name, [pair.y for pair in multi])
         assert sorted(ids) == list(range(len(task.pairs)))
         for index, pair in enumerate(task.pairs):
-            assert tokenizer.decode([ids[index]]).strip() == pair.y, (task.name, pair)
+            assert tokenizer.decode([ids[index]]).strip() == pair.y, (model, task.name, pair)
 
 
 @pytest.mark.slow
-def test_answers_stay_one_token_after_demonstrations(tokenizer) -> None:
+def test_answers_stay_one_token_after_demonstrations(bundled) -> None:
+    model, tokenizer = bundled
+
     def ids(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     for task in load_tasks(None):
+        if not _one_token_for(model, task):
+            continue
         single, _ = answer_ids(task, tokenizer)
         demos = task.pairs[:3]
         for index, pair in enumerate(task.pairs[3:], start=3):

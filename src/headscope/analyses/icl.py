@@ -376,14 +376,20 @@ class TaskData:
 
 
 def prepare_tasks(
-    loaded: LoadedModel, tasks: Sequence[ICLTask], queries: int, seed: int
-) -> tuple[list[TaskData], dict[str, int]]:
-    """Each task's pairs whose answer is one token for this tokenizer, and its query indices."""
-    out, dropped = [], {}
+    loaded: LoadedModel, tasks: Sequence[ICLTask], queries: int, seed: int, *, strict: bool = True
+) -> tuple[list[TaskData], dict[str, int], list[str]]:
+    """Each task's pairs whose answer is one token for this tokenizer, and its query indices; the
+    pairs left out per task; and the tasks left out. A task with fewer than 12 single-token answers
+    (10 demonstrations and a query) is refused when it was asked for by name (``strict``), and left
+    out when the user asked for every shipped task (Chinese answers are rarely one SmolLM2 token)."""
+    out, dropped, left_out = [], {}, []
     for task in tasks:
         ids, bad = answer_ids(task, loaded.tokenizer)
         usable = [i for i in range(len(task.pairs)) if i in ids]
         dropped[task.name] = len(bad)
+        if len(usable) < 12 and not strict:
+            left_out.append(task.name)
+            continue
         if len(usable) < 12:
             raise InputError(
                 f"{display_path(task.path)}: only {len(usable)} of {len(task.pairs)} answers are one token "
@@ -394,7 +400,12 @@ def prepare_tasks(
         order = list(range(len(pairs)))
         random.Random(f"{seed}:{task.name}").shuffle(order)
         out.append(TaskData(task, pairs, [ids[i] for i in usable], order[: min(queries, len(order))]))
-    return out, dropped
+    if tasks and not out:
+        raise InputError(
+            "no shipped ICL task has 12 answers that are one token for this tokenizer",
+            hint="give your own task files with --tasks",
+        )
+    return out, dropped, left_out
 
 
 def _encode(loaded: LoadedModel, text: str) -> list[int]:
@@ -738,9 +749,12 @@ def run_icl(
     advance(1)
     score = icl_score(losses, options.early, options.late, options.window, resamples, seed)
     # 2. few-shot accuracy
-    tasks, dropped = prepare_tasks(loaded, inputs.tasks, options.queries, seed)
+    strict = _task_specs(options.tasks) is not None
+    tasks, dropped, left_out = prepare_tasks(loaded, inputs.tasks, options.queries, seed, strict=strict)
+    for name in left_out:
+        notes.append(f"{name}: left out, fewer than 12 of its answers are one token for this tokenizer")
     for name, count in dropped.items():
-        if count:
+        if count and name not in left_out:
             notes.append(
                 f"{name}: {count} pair(s) left out, their answer is not one token for this tokenizer"
             )
@@ -1072,6 +1086,9 @@ class ICL(Analysis):
     spaced_checks = True
     outputs = (
         Output("--png", "Write the loss by token position (log x) as a PNG (atomic).", "icl-png", first=True),
+        Output(
+            "--html", "Write a self-contained HTML report (role map with ind and fv, head tables).", "html"
+        ),
     )
 
     def check(self, options: ICLOptions) -> ICLInputs:
@@ -1108,7 +1125,7 @@ class ICL(Analysis):
         # Each task's answers must be single tokens for this tokenizer: refused before any forward pass.
         specs = _task_specs(options.tasks)
         if specs != []:
-            prepare_tasks(loaded, load_tasks(specs), options.queries, options.seed)
+            prepare_tasks(loaded, load_tasks(specs), options.queries, options.seed, strict=specs is not None)
 
     def views(self, loaded: Any, options: ICLOptions) -> tuple[str, ...]:
         # The function vector is a sum of heads' writes: the per-head decomposition is checked first.

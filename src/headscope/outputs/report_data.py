@@ -18,7 +18,7 @@ import pandas as pd
 from headscope import __version__
 
 SCHEMA = "headscope-report/1"
-SHARE_RULES = {("ioi", "dla"), ("ioi", "s-inhibition")}
+SHARE_RULES = {("ioi", "dla"), ("ioi", "s-inhibition"), ("fv", "aie")}
 
 
 def _number(value: Any) -> float | None:
