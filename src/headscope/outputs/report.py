@@ -778,9 +778,13 @@ def print_icl(measures: Any, console: Console) -> None:
             f"[bold]ICL score[/bold] (loss at token {score.late} − loss at token {score.early}, "
             f"each ±{score.window} tokens, over {score.score.n} texts): {_est(score.score)}"
         )
-        shown = [p for p in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if p <= len(score.curve)]
-        cells = " · ".join(f"{p}: {_fmt(score.curve[p - 1])}" for p in shown)
-        console.print(f"loss by token: {cells}", soft_wrap=True)
+        # Each position averaged over ±window tokens, as the score's two ends are: the cells at the
+        # early and late tokens differ by exactly the score (single tokens are noisy).
+        w = score.window
+        marks = {2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, score.early, score.late}
+        shown = sorted(p for p in marks if w < p <= len(score.curve) - w)
+        cells = " · ".join(f"{p}: {_fmt(sum(score.curve[p - 1 - w : p + w]) / (2 * w + 1))}" for p in shown)
+        console.print(f"mean loss by token (±{w} tokens): {cells}", soft_wrap=True)
     if measures.accuracy:
         shots = sorted({a.shots for a in measures.accuracy})
         table = Table(title="few-shot accuracy (top-1 answer token, 95% CI over queries)")
