@@ -293,6 +293,9 @@ class Report:
     stream_eager_error: Outcome | None  # streaming refused (HeadscopeError) or crashed (anything else)
     analyses: dict[str, Outcome]
     checks: dict[str, Outcome] | None  # None while headscope.capture.checks does not exist
+    # Per analysis that ran: max |selective - full maps| over its table's numbers (inf when the
+    # tables or roles differ in shape or labels). Query-selective capture against every row exact.
+    selective_full: dict[str, float] = field(default_factory=dict)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -491,6 +494,48 @@ def _options() -> dict[str, dict[str, Any]]:
     }
 
 
+def _table_gap(a: Any, b: Any) -> float:
+    """max |a - b| over two result tables' numeric columns; inf if anything else differs."""
+    import numpy as np
+
+    if a is None or b is None or list(a.columns) != list(b.columns) or a.shape != b.shape:
+        return math.inf
+    numbers = a.select_dtypes("number").columns
+    others = [c for c in a.columns if c not in numbers]
+    if not a[others].astype(str).equals(b[others].astype(str)):
+        return math.inf
+    x, y = a[numbers].to_numpy(dtype=float), b[numbers].to_numpy(dtype=float)
+    same_nan = np.isnan(x) == np.isnan(y)
+    if not same_nan.all():
+        return math.inf
+    gap = np.abs(np.nan_to_num(x) - np.nan_to_num(y))
+    return float(gap.max()) if gap.size else 0.0
+
+
+def selective_vs_full(model: Any, tok: Any, analyses: dict[str, Outcome]) -> dict[str, float]:
+    """Each analysis that ran and sent some rows through the fused kernel, again with every query
+    row exact (``capture.rows.full_maps``): the largest difference of its table's numbers from the
+    query-selective run (the default)."""
+    import headscope as hs
+    from headscope.capture import rows
+
+    gaps = {}
+    for name, outcome in analyses.items():
+        if outcome.outcome != "ran":
+            continue
+        with rows.counting() as counts:
+            selective = getattr(hs, name)(model, tok, **_options()[name])
+        if counts.total_fused == 0:
+            continue  # every row was exact: the same computation as the full-map path
+        with rows.full_maps():
+            full = getattr(hs, name)(model, tok, **_options()[name])
+        gap = _table_gap(selective.table, full.table)
+        if selective.roles is not None or full.roles is not None:
+            gap = max(gap, _table_gap(selective.roles, full.roles))
+        gaps[name] = gap
+    return gaps
+
+
 def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> Outcome:
     import headscope as hs
     from headscope import HeadscopeError
@@ -558,6 +603,7 @@ def report(family: str) -> Report:
             diff_error = Outcome("crashed", _crash(exc))
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
         analyses = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
+        selective_full = selective_vs_full(model, tok, analyses)
     return Report(
         family=family,
         attention=attention_kind(family, model),
@@ -567,6 +613,7 @@ def report(family: str) -> Report:
         stream_eager_error=diff_error,
         analyses=analyses,
         checks=run_checks(model, tok, family),
+        selective_full=selective_full,
     )
 
 

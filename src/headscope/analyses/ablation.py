@@ -89,7 +89,7 @@ def later_copy_loss(
     ablation: capture.Ablation | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, n_examples)
-    capture.run(loaded, batches, lambda *_: None, on_token_loss=meter, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=meter, ablation=ablation)
     return meter.later_sum, meter.later_tokens
 
 
@@ -196,7 +196,7 @@ def _token_losses(
         losses = token_losses.cpu()
         out.append(torch.cat([torch.full((losses.shape[0], 1), float("nan")), losses], dim=1))
 
-    capture.run(loaded, batches, lambda *_: None, on_token_loss=on_token_loss, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=on_token_loss, ablation=ablation)
     return out
 
 

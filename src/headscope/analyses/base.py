@@ -163,6 +163,7 @@ def score_batches(
         loaded,
         batches,
         on_layer,
+        reads=capture.rows.union([detector.reads for detector in chosen]),
         on_layer_done=on_layer_done,
         on_token_loss=on_token_loss,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,

@@ -352,7 +352,7 @@ def text_losses(
     prefix = len(_specials(loaded)[0])
     meter = PositionLoss(len(sequences), context, prefix)
     batches = model_batches(loaded, sequences, specials, batch_size)
-    capture.run(loaded, batches, lambda *_: None, on_token_loss=meter, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=meter, ablation=ablation)
     return meter.loss
 
 
@@ -508,7 +508,7 @@ def answer_probs(
         capture.run(
             loaded,
             tracked(),
-            lambda *_: None,
+            None,
             on_hidden=on_hidden,
             ablation=ablation,
             writes=writes,

@@ -285,7 +285,7 @@ def s_inhibition(
         ends_clean, ends_corrupt = _ends(clean_batch), _ends(corrupt_batch)
         corrupted = HeadWrites(loaded, lambda b, e=ends_corrupt: e, keep=senders)
         # The senders' writes are all this pass is for: it ends after the last sender layer.
-        capture.run(loaded, [corrupt_batch], lambda *_: None, writes=corrupted, stop_after=last - 1)
+        capture.run(loaded, [corrupt_batch], None, writes=corrupted, stop_after=last - 1)
         clean_writes = HeadWrites(loaded, lambda b, e=ends_clean: e, keep=senders)
         inputs = record_block_inputs(loaded, clean_batch, by_layer, writes=clean_writes)
         rows = clean_batch.example_index
@@ -400,6 +400,7 @@ def ioi(
         loaded,
         clean,
         detector.update,
+        reads=detector.reads,
         on_layer_done=detector.end_layer,
         writes=writes,
         on_hidden=on_hidden,
@@ -474,7 +475,7 @@ def verify_ioi(
         capture.run(
             loaded,
             batches,
-            lambda *_: None,
+            None,
             ablation=ablation,
             on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)),
         )

@@ -197,6 +197,7 @@ def _text_loss(
     streaming: capture.StreamingHeads | None,
     on_layer: Any = None,
     advance: Any = None,
+    reads: Any = None,
 ) -> float | None:
     if not inputs.text_batches:
         return None
@@ -213,7 +214,8 @@ def _text_loss(
     capture.run(
         loaded,
         inputs.text_batches,
-        on_layer or (lambda *_: None),
+        on_layer,
+        reads=reads,
         on_token_loss=on_loss,
         streaming=streaming,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
@@ -535,7 +537,9 @@ def score(
     mass_text = LongRangeDetector(sink, recent)
     mass_text.start(layout, len(rows))
     advance = progress("full attention (text)", len(rows)) if progress else None
-    text_loss = _text_loss(loaded, inputs, None, on_layer=mass_text.update, advance=advance)
+    text_loss = _text_loss(
+        loaded, inputs, None, on_layer=mass_text.update, advance=advance, reads=mass_text.reads
+    )
     full = Evaluation(
         needle.accuracy, needle.answer_loss, text_loss, needle.per_prompt, needle.per_prompt_loss
     )
@@ -631,6 +635,9 @@ class _Both:
 
     def settle(self, batch: capture.Batch, correct: dict[tuple[int, int], bool]) -> None:
         self.retrieval.settle(batch, correct)
+
+    def reads(self, batch: capture.Batch) -> torch.Tensor | None:
+        return capture.rows.union([self.retrieval.reads, self.mass.reads])(batch)
 
 
 def _finite(value: float) -> float | None:

@@ -275,11 +275,11 @@ def _measure(
         if detector is not None:
             detector.settle(batch, correct)
 
-    on_layer = detector.update if detector is not None else (lambda *_: None)
     capture.run(
         loaded,
         batches,
-        on_layer,
+        detector.update if detector is not None else None,
+        reads=detector.reads if detector is not None else None,
         ablation=ablation,
         streaming=streaming,
         on_hidden=on_hidden,

@@ -1,6 +1,6 @@
 """Capture: batches, the forward pass with streaming attention, ablation hooks, the chunked LM head."""
 
-from headscope.capture import checks
+from headscope.capture import checks, rows
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
 from headscope.capture.kvmask import StreamingHeads
@@ -34,4 +34,5 @@ __all__ = [
     "run",
     "streaming_attention",
     "checks",
+    "rows",
 ]

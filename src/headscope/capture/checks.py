@@ -3,8 +3,10 @@
 Three views, each checked on a short random input and cached per model:
 
 * ``maps``: the attention weights the detectors read. With streaming capture, the streamed maps and
-  the final hidden states must equal the model's own eager attention (``output_attentions``). In
-  eager capture the maps are the model's own, and the check only confirms they arrive.
+  the final hidden states must equal the model's own eager attention (``output_attentions``), both
+  with every row exact and with two rows a sequence exact and the rest through the fused kernel
+  (the query-selective path, :mod:`headscope.capture.rows`). In eager capture the maps are the
+  model's own, and the check only confirms they arrive.
 * ``dla``: the per-head decomposition of the residual stream. Per attention layer, the heads' writes
   (their outputs through their slices of ``W_O``) plus the output bias must equal the output
   projection's output; taken through the block's own map onto the residual stream (a post-norm with
@@ -37,6 +39,7 @@ import torch
 from headscope.errors import HeadscopeError, RunFailure, Unsupported
 from headscope.models import anatomy, projections
 
+from . import rows
 from .batch import Batch, make_batches
 from .dla import FrozenNorm, attention_layers, residual_parts
 
@@ -241,6 +244,30 @@ def _check_maps(loaded: Any) -> Conformance:
         full[:, :, q_start : q_start + weights.shape[2], : weights.shape[3]] = weights.cpu()
 
     run(loaded, [batch], on_layer, on_hidden=lambda h, _b: hidden.setdefault("stream", h.float().cpu()))
+    # The selective path: exact weights for two rows of each sequence (its fourth and last
+    # tokens), every other row through the fused kernel. Those rows' maps and the final states
+    # must equal the model's eager attention too.
+    chosen: dict[int, torch.Tensor] = {}
+
+    def on_chosen(layer: int, weights: torch.Tensor, _batch: Batch, q_start: int) -> None:
+        full = chosen.setdefault(
+            layer, torch.zeros(weights.shape[0], weights.shape[1], valid.shape[1], valid.shape[1])
+        )
+        full[:, :, q_start : q_start + weights.shape[2], : weights.shape[3]] = weights.cpu()
+
+    def reads(b: Batch) -> torch.Tensor:
+        mask = rows.last_row(b)
+        mask[:, 3] = True
+        return mask
+
+    run(
+        loaded,
+        [batch],
+        on_chosen,
+        reads=reads,
+        on_hidden=lambda h, _b: hidden.setdefault("selective", h.float().cpu()),
+    )
+    read_rows = reads(batch).cpu()
     model = loaded.model
     with prepared(loaded), torch.inference_mode():
         model.set_attn_implementation("eager")
@@ -254,27 +281,34 @@ def _check_maps(loaded: Any) -> Conformance:
         return Conformance(
             "maps", False, math.nan, f"streamed {len(layers)} layers' maps, eager returned {len(eager)}"
         )
-    rows = valid[:, None, :, None] & valid[:, None, None, :]
+    pairs = valid[:, None, :, None] & valid[:, None, None, :]
+    picked = pairs & read_rows.any(0)[None, None, :, None]
+    if sorted(chosen) != layers:
+        return Conformance("maps", False, math.nan, "the selective path did not reach every layer")
     error = 0.0
     for layer, reference in zip(layers, eager, strict=True):
         reference = reference.float().cpu()
-        diff = (streamed[layer] - reference).abs().masked_fill(~rows, 0.0)
+        diff = (streamed[layer] - reference).abs().masked_fill(~pairs, 0.0)
+        error = max(error, float(diff.max()))
+        diff = (chosen[layer] - reference).abs().masked_fill(~picked, 0.0)
         error = max(error, float(diff.max()))
     states = valid[..., None]
-    error = max(
-        error,
-        _relative(
-            hidden["stream"].masked_fill(~states, 0.0),
-            out.last_hidden_state.float().cpu().masked_fill(~states, 0.0),
-        ),
-    )
+    for path in ("stream", "selective"):
+        error = max(
+            error,
+            _relative(
+                hidden[path].masked_fill(~states, 0.0),
+                out.last_hidden_state.float().cpu().masked_fill(~states, 0.0),
+            ),
+        )
     ok = error <= tolerance(loaded)
     return Conformance(
         "maps",
         ok,
         error,
         "" if ok else f"streamed attention differs from the model's eager attention by {error:.2e}",
-        "streamed maps and outputs = the model's eager attention (padded batch)",
+        "streamed maps and outputs = the model's eager attention (padded batch), all rows "
+        "exact and two rows a sequence exact with the rest fused",
     )
 
 

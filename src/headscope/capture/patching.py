@@ -74,7 +74,7 @@ def record_block_inputs(
         with (
             prepared(loaded),
             torch.inference_mode(),
-            _sink(_noop, on_device) as sink,
+            _sink(None, on_device) as sink,
             writes.hooked() if writes is not None else contextlib.nullcontext(),
         ):
             sink.record_kv = set(wanted)

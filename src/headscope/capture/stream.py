@@ -23,15 +23,20 @@ import torch
 
 from headscope.errors import RunFailure
 
+from . import rows
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
 from .dla import HeadWrites, attention_layers
 from .kvmask import StreamingHeads
+from .rows import Reads
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
 
 _CHUNK_ELEMENTS = 1 << 23  # score elements per query chunk (32 MB in float32)
+# (query, key) pairs per fused SDPA call: the kernel never materializes them; this bounds the mask slice.
+_FUSED_CHUNK_ELEMENTS = 1 << 26
+_PLAN_ROWS = 2048  # mask rows read at a time when planning the key ranges of the chunks
 
 
 # on_layer(layer, weights[B, H, c, K'], batch, q_start): weights of queries q_start..q_start+c-1.
@@ -46,14 +51,20 @@ class _LayerSink:
 
     def __init__(
         self,
-        callback: LayerCallback,
+        callback: LayerCallback | None,
         batch: Batch,
         ablation: Ablation | None = None,
         on_layer_done: LayerDone | None = None,
         recorder: HeadOutputMeans | None = None,
         streaming: StreamingHeads | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self.callback = callback
+        # The rows the callback reads (None: every row); no callback reads none.
+        self.reads: Reads = rows.no_row if callback is None else (reads or rows.every_row)
+        self._spans: list[tuple[int, int]] | None | bool = False  # False: not computed yet
+        self.counts = rows.active_counts()
+        self.plans: dict[Any, list[tuple[int, int]]] = {}  # _plan's key ranges, per mask
         self.streaming = streaming
         self.batch = batch
         self.ablation = ablation
@@ -73,7 +84,18 @@ class _LayerSink:
         return int(layer)
 
     def deliver(self, layer: int, weights: torch.Tensor, q_start: int) -> None:
-        self.callback(layer, weights, self.batch, q_start)
+        if self.callback is not None:
+            self.callback(layer, weights, self.batch, q_start)
+
+    def read_spans(self, layer: int, length: int) -> list[tuple[int, int]] | None:
+        """The query spans whose weights are read, in this batch (None: every row, exact)."""
+        if self._spans is False:
+            mask = self.reads(self.batch) if rows.selective() else None
+            self._spans = None if mask is None else rows.spans(mask)
+        spans = self._spans
+        if spans is None or (len(spans) == 1 and spans[0] == (0, length)):
+            return None
+        return [(a, min(b, length)) for a, b in spans if a < length]  # type: ignore[union-attr]
 
     def end(self, layer: int) -> None:
         if self.on_layer_done is not None:
@@ -108,6 +130,9 @@ def streaming_attention(
     """Eager attention that hands its weights to the active sink instead of returning them.
 
     The weights are computed in float32 whatever the model's dtype, so scores do not depend on it.
+    Only the query rows the sink's readers declared (:class:`~headscope.capture.rows.Reads`) get
+    exact weights; every other row runs through the fused SDPA kernel, with the same mask (see
+    :func:`_fused_span`).
     """
     # GPT-OSS's attention sinks: one learned logit per head joins every query's softmax as an extra
     # key that holds no value; the maps handed on are the real keys' weights (they sum to < 1).
@@ -133,50 +158,31 @@ def streaming_attention(
     value = _repeat_kv(value, n_rep)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    batch, heads, length, _ = query.shape
+    keys = key.shape[-2]
+    output = torch.empty(batch, heads, length, value.shape[-1], dtype=value.dtype, device=value.device)
+    attention = _Layer(
+        module, layer, sink, query, key, value, attention_mask, scaling, softcap, sinks, n_kv_heads
+    )
+    read = sink.read_spans(layer, length) if sink is not None else None
+    exact = [(0, length)] if read is None else read
     # The weights are produced, scored and multiplied into the values one query chunk at a time,
     # so no layer's full [B, H, T, T] map ever exists. In a causal layer the chunk of queries
     # q_start..stop-1 sees only keys < stop: the keys after it are skipped, which halves the work.
-    batch, heads, length, _ = query.shape
-    keys = key.shape[-2]
     chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * keys))
-    scaled = query * scaling  # scale the small tensor, not the map
-    key_t = key.transpose(2, 3)
-    output = torch.empty(batch, heads, length, value.shape[-1], dtype=value.dtype, device=value.device)
-    for start in range(0, length, chunk):
-        stop = min(length, start + chunk)
-        rows = None
-        if attention_mask is not None:
-            rows = attention_mask if attention_mask.shape[2] == 1 else attention_mask[:, :, start:stop]
-        limit = _visible_keys(rows, stop, keys)
-        first = _first_visible_key(rows, limit)
-        scores = torch.matmul(scaled[:, :, start:stop], key_t[..., first:limit])
-        if softcap is not None:
-            scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
-        if rows is not None:
-            if rows.dtype == torch.bool:  # True = may attend
-                scores.masked_fill_(~rows[..., first:limit], torch.finfo(scores.dtype).min)
-            else:
-                scores.add_(rows[..., first:limit])
-        if sink is not None and sink.streaming is not None:
-            blocked = sink.streaming.blocked(layer, sink.batch, heads, n_kv_heads, start, stop, first, limit)
-            if blocked is not None:
-                scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-        if sinks is not None:
-            column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(*scores.shape[:-1], 1)
-            weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)
-            weights = weights[..., :-1]
+    for start, stop, first, limit in _plan(attention_mask, exact, chunk, keys, sink):
+        attention.exact(output, start, stop, first, limit, deliver=True)
+    if read is not None:
+        rest = rows.complement(read, length)
+        if softcap is not None or sinks is not None:
+            # SDPA has neither a logit soft-cap nor a sink column: these rows are computed exactly
+            # (the same numbers as a full-map pass), only not handed on.
+            for start, stop, first, limit in _plan(attention_mask, rest, chunk, keys, sink):
+                attention.exact(output, start, stop, first, limit, deliver=False)
         else:
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        del scores
-        output[:, :, start:stop] = torch.matmul(weights.to(value.dtype), value[:, :, first:limit])
-        if sink is not None:
-            if first > 0:  # detectors index keys from 0: the keys before the window get weight 0
-                full = weights.new_zeros(*weights.shape[:-1], limit)
-                full[..., first:] = weights
-                weights = full
-            sink.batch.set_chunk(start, stop, mask=rows[..., :limit] if rows is not None else None)
-            sink.deliver(layer, weights, start)
-        del weights
+            fused = max(1, _FUSED_CHUNK_ELEMENTS // max(1, batch * heads * keys))
+            for start, stop, first, limit in _plan(attention_mask, rest, fused, keys, sink):
+                attention.fused(output, start, stop, first, limit)
     if sink is not None:
         sink.end(layer)
         if sink.recorder is not None:
@@ -186,26 +192,157 @@ def streaming_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _first_visible_key(rows: torch.Tensor | None, limit: int) -> int:
-    """The first key that any query of the chunk can see: a sliding window hides the keys before
-    it from every query of a late chunk, and those are skipped (read from the mask, not assumed)."""
-    if rows is None or rows.shape[2] == 1:
-        return 0
-    seen = mask_open(rows[..., :limit]).flatten(0, 2).any(0)  # [K']: does any row, head or query see key k?
-    if not bool(seen.any()):
-        return 0
-    return int(seen.to(torch.int8).argmax())
+@dataclass
+class _Layer:
+    """One attention call's tensors, and the two ways to compute a span of its query rows."""
+
+    module: Any
+    layer: int
+    sink: _LayerSink | None
+    query: torch.Tensor  # [B, H, T, d]
+    key: torch.Tensor  # [B, H, K, d] (KV heads repeated)
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    scaling: float
+    softcap: float | None
+    sinks: torch.Tensor | None
+    n_kv_heads: int
+
+    def _rows(self, start: int, stop: int) -> torch.Tensor | None:
+        mask = self.mask
+        if mask is None:
+            return None
+        return mask if mask.shape[2] == 1 else mask[:, :, start:stop]
+
+    def _blocked(self, start: int, stop: int, first: int, limit: int) -> torch.Tensor | None:
+        sink = self.sink
+        if sink is None or sink.streaming is None:
+            return None
+        heads = self.query.shape[1]
+        return sink.streaming.blocked(
+            self.layer, sink.batch, heads, self.n_kv_heads, start, stop, first, limit
+        )
+
+    def exact(
+        self, output: torch.Tensor, start: int, stop: int, first: int, limit: int, *, deliver: bool
+    ) -> None:
+        """Rows start..stop-1 with float32 weights, handed to the sink when ``deliver``."""
+        rows_mask = self._rows(start, stop)
+        scores = torch.matmul(
+            self.query[:, :, start:stop] * self.scaling, self.key[:, :, first:limit].transpose(2, 3)
+        )
+        if self.softcap is not None:
+            scores = torch.tanh(scores.div_(self.softcap)).mul_(self.softcap)
+        if rows_mask is not None:
+            if rows_mask.dtype == torch.bool:  # True = may attend
+                scores.masked_fill_(~rows_mask[..., first:limit], torch.finfo(scores.dtype).min)
+            else:
+                scores.add_(rows_mask[..., first:limit])
+        blocked = self._blocked(start, stop, first, limit)
+        if blocked is not None:
+            scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
+        if self.sinks is not None:
+            column = self.sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(*scores.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)
+            weights = weights[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        del scores
+        output[:, :, start:stop] = torch.matmul(weights.to(self.value.dtype), self.value[:, :, first:limit])
+        sink = self.sink
+        if sink is not None:
+            sink.counts.exact(self.layer, stop - start)
+        if deliver and sink is not None:
+            if first > 0:  # detectors index keys from 0: the keys before the window get weight 0
+                full = weights.new_zeros(*weights.shape[:-1], limit)
+                full[..., first:] = weights
+                weights = full
+            sink.batch.set_chunk(start, stop, mask=rows_mask[..., :limit] if rows_mask is not None else None)
+            sink.deliver(self.layer, weights, start)
+
+    def fused(self, output: torch.Tensor, start: int, stop: int, first: int, limit: int) -> None:
+        """Rows start..stop-1 through ``scaled_dot_product_attention``: no weights exist.
+
+        The same keys (first..limit-1), the same mask slice and the same streaming-head blocks as
+        :meth:`exact`, and the same output for a row with no visible key.
+        """
+        rows_mask = self._rows(start, stop)
+        allowed = None
+        if rows_mask is not None:
+            allowed = rows_mask[..., first:limit]
+        blocked = self._blocked(start, stop, first, limit)
+        if blocked is not None:
+            if allowed is None:
+                allowed = ~blocked
+            elif allowed.dtype == torch.bool:
+                allowed = allowed & ~blocked
+            else:
+                allowed = allowed.masked_fill(blocked, torch.finfo(allowed.dtype).min)
+        if allowed is not None and allowed.dtype != torch.bool:
+            allowed = allowed.to(self.query.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            self.query[:, :, start:stop],
+            self.key[:, :, first:limit],
+            self.value[:, :, first:limit],
+            attn_mask=allowed,
+            scale=self.scaling,
+        )
+        if allowed is not None:
+            # A row that sees no key (padding past a sliding window) gets what the exact path
+            # gives it, the mean of the values (a softmax over equal logits), not SDPA's 0 or NaN.
+            dead = ~mask_open(allowed).any(-1, keepdim=True)  # [B, 1 or H, c, 1]
+            mean = self.value[:, :, first:limit].mean(-2, keepdim=True)
+            out = torch.where(dead, mean.to(out.dtype), torch.nan_to_num_(out, nan=0.0))
+        output[:, :, start:stop] = out
+        if self.sink is not None:
+            self.sink.counts.fused(self.layer, stop - start)
 
 
-def _visible_keys(rows: torch.Tensor | None, stop: int, keys: int) -> int:
-    """How many leading keys a query chunk ending at ``stop`` can see under its mask.
+def _plan(
+    mask: torch.Tensor | None,
+    spans: list[tuple[int, int]],
+    chunk: int,
+    keys: int,
+    sink: _LayerSink | None,
+) -> list[tuple[int, int, int, int]]:
+    """(start, stop, first, limit) for each query chunk of ``spans``: the keys first..limit-1 are
+    the only ones any query of the chunk may see under the mask (read from it, never assumed).
 
-    Keys from ``stop`` on are dropped only when the mask blocks every one of them (causal and
-    sliding-window masks do; a padding-only or prefix-LM mask does not), so nothing is guessed.
+    A sliding window hides the keys before ``first`` from every query of a late chunk; in a causal
+    layer the keys from ``stop`` on are hidden from the whole chunk (a padding-only or prefix-LM
+    mask hides none, so ``limit`` is then every key). Computed for all chunks at once, with one
+    read of the result to the host per mask (layers sharing a mask share it), not one per chunk.
     """
-    if rows is None or rows.shape[2] == 1 or stop >= keys:
-        return keys
-    return keys if bool(mask_open(rows[..., stop:keys]).any()) else stop
+    chunks = [(s, min(stop, s + chunk)) for start, stop in spans for s in range(start, stop, chunk)]
+    if not chunks:
+        return []
+    if mask is None or mask.shape[2] == 1:
+        return [(s, e, 0, keys) for s, e in chunks]
+    memo = sink.plans if sink is not None else {}
+    ident = (mask.data_ptr(), tuple(mask.shape), mask.dtype, tuple(chunks), keys)
+    if ident not in memo:
+        length = mask.shape[2]
+        first_key = torch.empty(length, dtype=torch.long, device=mask.device)
+        last_key = torch.empty(length, dtype=torch.long, device=mask.device)
+        for a in range(0, length, _PLAN_ROWS):  # [rows, K] at a time: never a [T, K] copy
+            b = min(length, a + _PLAN_ROWS)
+            open_ = mask_open(mask[:, :, a:b]).flatten(0, 1).any(0).to(torch.int8)
+            seen = open_.any(-1)
+            first_key[a:b] = torch.where(seen, open_.argmax(-1), keys)
+            last_key[a:b] = torch.where(seen, keys - 1 - open_.flip(-1).argmax(-1), -1)
+        starts = torch.tensor([s for s, _ in chunks], device=mask.device)
+        stops = torch.tensor([e for _, e in chunks], device=mask.device)
+        index = torch.arange(length, device=mask.device)
+        inside = (index[None, :] >= starts[:, None]) & (index[None, :] < stops[:, None])  # [C, T]
+        firsts = torch.where(inside, first_key[None, :], keys).amin(-1)
+        lasts = torch.where(inside, last_key[None, :], -1).amax(-1)
+        memo[ident] = list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+    plan = []
+    for (s, e), (first, last) in zip(chunks, memo[ident], strict=True):
+        limit = keys if last >= e else min(e, keys)
+        first = 0 if first >= keys else min(first, limit)
+        plan.append((s, e, first, limit))
+    return plan
 
 
 _registered = False
@@ -240,14 +377,15 @@ def register_streaming_attention() -> None:
 
 @contextlib.contextmanager
 def _sink(
-    callback: LayerCallback,
+    callback: LayerCallback | None,
     batch: Batch,
     ablation: Ablation | None = None,
     on_layer_done: LayerDone | None = None,
     recorder: HeadOutputMeans | None = None,
     streaming: StreamingHeads | None = None,
+    reads: Reads | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, streaming)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, streaming, reads)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -299,8 +437,9 @@ def stopping_after(loaded: Any, last: int | None) -> Iterator[Callable[[Any, dic
 def run(
     loaded: Any,
     batches: Iterable[Batch],
-    on_layer: LayerCallback,
+    on_layer: LayerCallback | None,
     *,
+    reads: Reads | None = None,
     on_layer_done: LayerDone | None = None,
     on_token_loss: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
@@ -329,6 +468,9 @@ def run(
     run: for callers that need only the layers up to it (path patching's senders).
     ``streaming`` (streaming capture only) masks chosen KV heads to a sink and a recent window
     (:class:`~headscope.capture.kvmask.StreamingHeads`).
+    ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
+    None: every row): only those get exact weights and reach ``on_layer``, every other row runs
+    through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
     """
     if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
@@ -352,7 +494,9 @@ def run(
                 writes.begin(on_device)
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
-                    with _sink(on_layer, on_device, ablation, on_layer_done, recorder, streaming) as sink:
+                    with _sink(
+                        on_layer, on_device, ablation, on_layer_done, recorder, streaming, reads
+                    ) as sink:
                         out = stopped(module, inputs)
                     if sink.calls != n_layers:
                         raise RunFailure(
@@ -365,6 +509,8 @@ def run(
                     if len(attentions) != n_layers:
                         raise RunFailure("the model returned no attention weights in eager mode")
                     for layer, weights in zip(layers, attentions, strict=True):
+                        if on_layer is None:
+                            continue
                         # No mask reaches us here: a key is visible when some head gives it weight
                         # (a masked key gets exactly 0 in every head).
                         length = weights.shape[2]
@@ -389,7 +535,7 @@ def head_output_means(
 ) -> dict[tuple[int, int], torch.Tensor]:
     """The calibration pass of mean ablation: each head's mean output at each position, over the set."""
     recorder = HeadOutputMeans(heads)
-    run(loaded, batches, lambda *_: None, recorder=recorder)
+    run(loaded, batches, None, recorder=recorder)
     return recorder.result()
 
 

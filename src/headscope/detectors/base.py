@@ -150,6 +150,13 @@ class Detector(ABC):
         ``end_layer`` is called.
         """
 
+    def reads(self, batch: Batch) -> torch.Tensor | None:
+        """The query rows ``update`` reads in ``batch``: a ``[B, T]`` boolean mask, or None for
+        every row. Only these rows get exact weights and reach ``update`` (in chunks of
+        consecutive rows; other chunks never arrive); the rest of the layer runs through the fused
+        SDPA kernel (:mod:`headscope.capture.rows`). Declare as few as the detector needs."""
+        return None
+
     def end_layer(self, layer: int, batch: Batch) -> None:
         """Called after the last chunk of ``layer``. Detectors that need whole rows finish here."""
         return None

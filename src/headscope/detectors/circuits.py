@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from headscope.capture import Batch
+from headscope.capture import Batch, rows
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.models import HeadLayout
 
@@ -69,6 +69,10 @@ class IOIAttentionDetector(Detector):
             kind="signed",
         ),
     }
+
+    def reads(self, batch: Batch) -> torch.Tensor:
+        """The last token of each prompt (``end``): the only row the attention table reads."""
+        return rows.at_positions(batch, [[int(meta["end"])] for meta in batch.meta])
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
         super().start(layout, n_examples)
@@ -126,6 +130,10 @@ class RetrievalDetector(Detector):
         data="needle-in-a-haystack prompts",
         verify="needle-accuracy",
     )
+
+    def reads(self, batch: Batch) -> torch.Tensor:
+        """The answer positions: the rows whose argmax key is checked against the needle."""
+        return rows.at_positions(batch, [meta["queries"] for meta in batch.meta])
 
     def start(self, layout: HeadLayout, n_examples: int) -> None:
         super().start(layout, n_examples)

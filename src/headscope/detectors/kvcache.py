@@ -26,6 +26,10 @@ class LongRangeDetector(Detector):
         self.sink = sink
         self.recent = recent
 
+    def reads(self, batch: Batch) -> torch.Tensor:
+        """The queries past the sink and recent window: the only ones whose mass is counted."""
+        return batch.attention_mask & (batch.positions() >= self.sink + self.recent)
+
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         stop = q_start + attn.shape[2]
         keys = attn.shape[3]

@@ -127,6 +127,13 @@ class TargetDetector(_Declared):
         )
         self.targets = targets
 
+    def reads(self, batch: Batch) -> torch.Tensor:
+        """The queries that have a target (induction: the repeated half); pooling reads no other."""
+        found, queries, _ = self.targets_of(batch)
+        mask = torch.zeros_like(batch.attention_mask)
+        mask[found, queries] = True
+        return mask
+
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         pool(self, layer, attn, batch, q_start, self.targets_of(batch))
 

@@ -152,7 +152,6 @@ class Circuits:
 
     def _after_block0(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The residual after block 0 for each token alone in its sequence (it attends to itself)."""
-        from headscope.capture.patching import _noop
         from headscope.capture.stream import _sink, model_inputs, prepared
 
         loaded = self.loaded
@@ -178,7 +177,7 @@ class Circuits:
                 with (
                     prepared(loaded),
                     torch.inference_mode(),
-                    _sink(_noop, on_device),
+                    _sink(None, on_device),
                     contextlib.suppress(_Stop),
                 ):
                     loaded.base(**inputs)
