@@ -107,7 +107,7 @@ def test_a_pass_nobody_reads_runs_fused_with_the_same_losses(toy):
     for path in ("selective", "full"):
         got = []
         with rows.full_maps() if path == "full" else torch.no_grad(), rows.counting() as counts:
-            capture.run(toy, batches, None, on_token_loss=lambda loss, b: got.append(loss.clone()))
+            capture.run(toy, batches, None, on_token_loss=lambda loss, b, got=got: got.append(loss.clone()))
         losses[path] = (got, counts)
     assert losses["selective"][1].total_exact == 0 and losses["full"][1].total_fused == 0
     for a, b in zip(losses["selective"][0], losses["full"][0], strict=True):
