@@ -264,7 +264,8 @@ class _Parts:
     def part(self, name: str) -> Iterator[_Part]:
         started = time.perf_counter()
         part = _Part(name)
-        yield part
+        with capture.ledger.part(name):
+            yield part
         part.table = head_table(
             part.results, self.loaded.layout, self.loaded.name, n_resamples=self.n_resamples, seed=self.seed
         )

@@ -1,6 +1,6 @@
 """Capture: batches, the forward pass with streaming attention, ablation hooks, the chunked LM head."""
 
-from headscope.capture import checks, rows
+from headscope.capture import checks, ledger, rows
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
 from headscope.capture.kvmask import StreamingHeads
@@ -34,5 +34,6 @@ __all__ = [
     "run",
     "streaming_attention",
     "checks",
+    "ledger",
     "rows",
 ]

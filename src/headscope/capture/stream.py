@@ -23,7 +23,7 @@ import torch
 
 from headscope.errors import RunFailure
 
-from . import rows
+from . import ledger, rows
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
 from .dla import HeadWrites, attention_layers
@@ -486,10 +486,14 @@ def run(
     if stop_after is not None:
         layers = [layer for layer in layers if layer <= stop_after]
     n_layers = len(layers)
+    book = ledger.active()
+    share = n_layers / max(1, len(attention_layers(loaded)))
     with prepared(loaded), torch.inference_mode(), stopping_after(loaded, stop_after) as stopped:
         for batch in batches:
             on_device = batch.to(device)
             inputs = model_inputs(loaded, on_device)
+            if book is not None:
+                book.note(*on_device.input_ids.shape, share)
             if writes is not None:
                 writes.begin(on_device)
             with writes.hooked() if writes is not None else contextlib.nullcontext():

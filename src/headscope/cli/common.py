@@ -22,7 +22,14 @@ from rich.markup import escape
 from headscope import files
 from headscope.analyses.protocol import option
 from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
-from headscope.outputs.progress import INTERRUPTED, PrintedParts, checked_bars, profile_line
+from headscope.outputs.progress import (
+    INTERRUPTED,
+    PROFILE_NOTE,
+    PrintedParts,
+    checked_bars,
+    profile_line,
+    profile_parts,
+)
 from headscope.outputs.writing import check_outputs, render, table_file
 
 app = typer.Typer(
@@ -262,6 +269,7 @@ def run_analysis(
 ) -> None:
     """Every analysis command: check, load, run (and verify) through the API, render, write files."""
     import headscope.api as hs
+    from headscope.capture import ledger as capture_ledger
     from headscope.outputs import report
 
     with entry_cli(), handle_errors(emit.debug):
@@ -277,7 +285,8 @@ def run_analysis(
             if printed is not None:
                 progress.on_part = lambda part: printed.show(part, progress)
             started = time.perf_counter()
-            result = hs.run(name, loaded, planned=planned, progress=progress)
+            with capture_ledger.recording() as book:
+                result = hs.run(name, loaded, planned=planned, progress=progress)
             run_seconds = time.perf_counter() - started
         started = time.perf_counter()
         write_output(
@@ -290,9 +299,9 @@ def run_analysis(
         )
         if load.profile:
             seconds = time.perf_counter() - started
-            err.print(
-                profile_line(loaded_seconds, result.report.timings, run_seconds, seconds), soft_wrap=True
-            )
+            costs = book.costs(loaded, profile_parts(result.report.timings, run_seconds))
+            err.print(profile_line(loaded_seconds, costs, seconds), soft_wrap=True)
+            err.print(PROFILE_NOTE, soft_wrap=True)
         for note in result.notes:
             err.print(f"note: {note}", soft_wrap=True)
         if csv is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -128,13 +128,30 @@ class PrintedParts:
         self.sections += len(part.sections)
 
 
-def profile_line(loaded: float, timings: dict[str, float], run: float, output: float) -> str:
-    """``--profile``: seconds per step, the rest of the run (checks, set-up) and the total."""
-    steps = [("load", loaded), *timings.items()]
-    rest = run - sum(timings.values())
-    if timings:
-        steps.append(("other (checks, set-up)", rest))
-    else:
-        steps.append(("run", run))
-    steps += [("output", output), ("total", loaded + run + output)]
-    return "profile: " + " · ".join(f"{name} {seconds:.1f} s" for name, seconds in steps)
+def profile_parts(timings: dict[str, float], run: float) -> dict[str, float]:
+    """Wall seconds per part of a run: the timed steps, and "run" for the rest (all of it when
+    the analysis has no steps), the names the cost ledger files forward passes under."""
+    return {**timings, "run": run - sum(timings.values())}
+
+
+def profile_line(loaded: float, costs: Sequence[Any], output: float) -> str:
+    """``--profile``: seconds per step, each step's cost as a multiple of a bare forward over the
+    tokens its passes ran (:mod:`headscope.capture.ledger`), and the total."""
+    steps = [f"load {loaded:.1f} s"]
+    several = len(costs) > 1
+    for cost in costs:
+        name = "other (checks, set-up)" if several and cost.part == "run" else cost.part
+        text = f"{name} {cost.seconds:.1f} s"
+        if cost.ratio is not None:
+            text += f" ({cost.ratio:.2f}× bare, {cost.passes} passes)"
+        steps.append(text)
+    total = loaded + sum(cost.seconds for cost in costs) + output
+    steps += [f"output {output:.1f} s", f"total {total:.1f} s"]
+    return "profile: " + " · ".join(steps)
+
+
+PROFILE_NOTE = (
+    "profile: × bare = the step's time over a bare forward (the base model with fused SDPA "
+    "attention) of the tokens its passes ran, timed on one batch per length bucket and scaled by "
+    "the token count; work besides those passes (patching, the LM head, statistics) is in the step's time"
+)
