@@ -312,6 +312,9 @@ def test_scan_prints_parts_as_they_finish_and_profiles(toy_dir, toy_texts, tmp_p
     assert {"load", "text", "repeated-tokens", "syntax/en.conllu", "weights", "roles", "total"} <= {
         k.strip(" ·") for k in steps
     }
+    # Each step that ran forward passes is priced against a bare forward of the same tokens.
+    assert re.search(r"text \d+\.\d s \(\d+\.\d\d× bare, \d+ passes\)", line), line
+    assert "profile note: × bare" in live.stderr
     assert "profile:" not in at_end.stderr
 
 

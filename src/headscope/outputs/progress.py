@@ -151,7 +151,7 @@ def profile_line(loaded: float, costs: Sequence[Any], output: float) -> str:
 
 
 PROFILE_NOTE = (
-    "profile: × bare = the step's time over a bare forward (the base model with fused SDPA "
+    "profile note: × bare = the step's time over a bare forward (the base model with fused SDPA "
     "attention) of the tokens its passes ran, timed on one batch per length bucket and scaled by "
     "the token count; work besides those passes (patching, the LM head, statistics) is in the step's time"
 )
