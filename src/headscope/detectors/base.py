@@ -130,15 +130,33 @@ class Detector(ABC):
         counts: torch.Tensor,
         baseline: torch.Tensor,
     ) -> None:
-        """Add ``per_row_head[B, H]`` and ``baseline[B]`` to layer ``layer``; counts once per batch."""
-        rows = batch.example_index
-        self._sums[rows, layer] += per_row_head.double().cpu()
-        self._baseline[rows, layer] += baseline.double().cpu()
+        """Add ``per_row_head[B, H]`` and ``baseline[B]`` to layer ``layer``; counts once per batch.
+
+        The sums live on the attention's device while the pass runs (no copy to the host, and so
+        no wait for the device, per chunk); :meth:`_on_host` brings them back for the results."""
+        device = per_row_head.device
+        if self._sums.device != device:
+            self._sums, self._baseline, self._counts = (
+                t.to(device) for t in (self._sums, self._baseline, self._counts)
+            )
+        key = f"example_index:{device}"
+        if key not in batch._cache:
+            batch._cache[key] = batch.example_index.to(device)
+        rows = batch._cache[key]
+        self._sums[rows, layer] += per_row_head.double()
+        self._baseline[rows, layer] += baseline.double()
         # Counts do not depend on the layer; add them on the first layer seen.
         if self._counted_layer is None:
             self._counted_layer = layer
         if layer == self._counted_layer:
-            self._counts[rows] += counts.double().cpu()
+            self._counts[rows] += counts.double()
+
+    def _on_host(self) -> None:
+        """The running sums back on the CPU (where results and statistics read them)."""
+        if self._sums.device.type != "cpu":
+            self._sums, self._baseline, self._counts = (
+                t.cpu() for t in (self._sums, self._baseline, self._counts)
+            )
 
     @abstractmethod
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
@@ -167,6 +185,7 @@ class Detector(ABC):
         self.end_layer(layer, batch)
 
     def results(self, data: str = "") -> list[DetectorResult]:
+        self._on_host()
         return [
             DetectorResult(
                 self.name, "", "", self._sums, self._counts, self._baseline, self.baseline_kind, data

@@ -57,6 +57,7 @@ class CorefDetector(WordLevelDetector):
             self._first[batch.example_index] += first
 
     def results(self, data: str = "") -> list[DetectorResult]:
+        self._on_host()
         total = self._counts.sum()
         chance = float(self._chance.sum() / total) if total > 0 else float("nan")
         first = float(self._first.sum() / total) if total > 0 else float("nan")

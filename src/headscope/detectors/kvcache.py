@@ -37,8 +37,6 @@ class LongRangeDetector(Detector):
         pos_q = positions[:, q_start:stop]  # [B, c]
         pos_k = positions[:, :keys]  # [B, K']
         query_mask = batch.attention_mask[:, q_start:stop] & (pos_q >= self.sink + self.recent)
-        if not bool(query_mask.any()):
-            return
         far = (
             (pos_k[:, None, :] >= self.sink)
             & (pos_q[:, :, None] - pos_k[:, None, :] >= self.recent)

@@ -1,0 +1,239 @@
+"""Every analysis' cost as a multiple of a bare forward over the tokens its passes ran, by length.
+
+    python benchmarks/bench_ratios.py --model smollm2-135m --lengths 512,2048,8192 [--json out.json]
+
+One process, the model loaded once. For each length L, each analysis runs twice, side by side:
+with query-selective capture (the default: exact weights only for the rows its detectors read,
+the rest through the fused SDPA kernel) and with every row exact (``capture.rows.full_maps``). Its
+time is priced by the cost ledger (:mod:`headscope.capture.ledger`, what ``--profile`` prints): a
+bare forward (the base model with SDPA attention, no weights) is timed on one batch per length
+bucket in the same run, and scaled by the tokens the analysis' passes ran. "passes" counts its
+forward passes; "× bare" is its wall time over that estimate. Peak memory is how far the run lifts
+the process's peak resident set (reset before each run, Linux ``clear_refs``) above where it
+started, next to the same for one bare forward of L tokens.
+
+The analyses, at length L:
+- scan (token-level): previous-token, duplicate-token, induction and sink on random tokens repeated
+  to L (4,096 tokens a batch); its bare forward is timed directly on the same batches.
+- induction: ``hs.induction`` at seq_len L/2 (two copies), copy loss included.
+- retrieval: ``hs.retrieval`` at context L, depth 0.5, 2 needles.
+- kv-plan: ``hs.kv_plan`` at context L, method retrieval, sparsity 0.5, 2 needles, 1 text chunk.
+- icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
+- ioi: ``hs.ioi`` without patching, on its shipped prompts (their own length, once).
+
+Quote the ratios, not the seconds: these machines differ 3-4× in speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import headscope as hs
+from headscope import analyses, capture, detectors
+from headscope.capture import ledger, rows
+from headscope.models import load
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def peak() -> dict:
+    """The rise of the peak resident set over the block (Linux: VmHWM reset by clear_refs)."""
+    found: dict = {}
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+    start = _status_mb("VmRSS")
+    yield found
+    found["mb"] = _status_mb("VmHWM") - start
+
+
+def repeated(loaded, length: int, tokens: int = 4096) -> list[capture.Batch]:
+    n_seqs = max(1, tokens // length)
+    spec = analyses.RepeatSpec(seq_len=max(2, length // 2), repeats=2, n_seqs=n_seqs, seed=0, bos=False)
+    sequences, specials, _ = analyses.repeated_tokens(loaded, spec)
+    return capture.make_batches(
+        [s[:length] for s in sequences],
+        [s[:length] for s in specials],
+        batch_size=n_seqs,
+        pad_id=0,
+        is_causal=loaded.is_causal,
+    )
+
+
+def scan_tokens(loaded, length: int):
+    batches = repeated(loaded, length)
+
+    def run() -> None:
+        chosen = detectors.create(["previous-token", "duplicate-token", "induction", "sink"])
+        analyses.score_batches(loaded, batches, chosen, sum(len(b.example_index) for b in batches), "bench")
+
+    return run
+
+
+def bare_seconds(loaded, batches) -> float:
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            started = time.perf_counter()
+            for batch in batches:
+                loaded.base(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(), use_cache=False
+                )
+            return time.perf_counter() - started
+    finally:
+        model.set_attn_implementation(capture.STREAM_IMPLEMENTATION)
+
+
+def analyses_at(length: int) -> dict:
+    late = min(500, length - 8)
+    return {
+        "induction": lambda m, t: hs.induction(
+            m, t, seq_len=length // 2, n_seqs=max(1, 4096 // length), resamples=0
+        ),
+        "retrieval": lambda m, t: hs.retrieval(
+            m, t, context=str(length), depths="0.5", needles=2, resamples=0
+        ),
+        "kv-plan": lambda m, t: hs.kv_plan(
+            m,
+            t,
+            context=str(length),
+            depths="0.5",
+            needles=2,
+            sparsity="0.5",
+            method="retrieval",
+            text_chunks=1,
+            draws=1,
+            resamples=0,
+        ),
+        "icl (loss curve)": lambda m, t: hs.icl(
+            m, t, context=length, early=min(50, late - 1), late=late, tasks="none", fv=False, resamples=0
+        ),
+    }
+
+
+def priced(loaded, name: str, length: int, run, selective: bool) -> dict:
+    quiet = open(os.devnull, "w")  # noqa: SIM115
+    with (
+        contextlib.nullcontext() if selective else rows.full_maps(),
+        ledger.recording() as book,
+        rows.counting() as counts,
+        peak() as memory,
+        contextlib.redirect_stdout(quiet),
+    ):
+        started = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - started
+    (cost,) = book.costs(loaded, {"run": seconds})
+    return {
+        "analysis": name,
+        "length": length,
+        "path": "selective" if selective else "full maps",
+        "seconds": seconds,
+        "passes": cost.passes,
+        "tokens": cost.tokens,
+        "bare_seconds": cost.bare_seconds,
+        "ratio": cost.ratio,
+        "exact_rows": counts.total_exact,
+        "fused_rows": counts.total_fused,
+        "peak_mb": memory["mb"],
+    }
+
+
+def measure(model: str, lengths: list[int], only: set[str] | None) -> dict:
+    loaded = load(model)
+    m, t = loaded.model, loaded.tokenizer
+    out = []
+    hs.induction(m, t, seq_len=16, n_seqs=2, resamples=0)  # warm-up, and the conformance check
+    for length in lengths:
+        with peak() as memory:
+            bare_forward = bare_seconds(loaded, repeated(loaded, length, tokens=length))
+        entry = {"length": length, "bare_peak_mb": memory["mb"], "bare_forward_s": bare_forward}
+        print(f"L={length}: bare forward {bare_forward:.2f} s, +{memory['mb']:.0f} MB", file=sys.stderr)
+        runs = {"scan (token-level)": None, **analyses_at(length)}
+        for name, fn in runs.items():
+            if only and name not in only:
+                continue
+            for selective in (True, False):
+                if name == "scan (token-level)":
+                    run = scan_tokens(loaded, length)
+                    row = priced(loaded, name, length, run, selective)
+                    direct = bare_seconds(loaded, repeated(loaded, length))
+                    row["bare_seconds"], row["ratio"] = direct, row["seconds"] / direct
+                else:
+                    row = priced(loaded, name, length, lambda fn=fn: fn(m, t), selective)
+                row.update(entry)
+                out.append(row)
+                print(
+                    f"  {name:20s} {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare "
+                    f"({row['passes']} passes)  +{row['peak_mb']:.0f} MB",
+                    file=sys.stderr,
+                )
+    if not only or "ioi" in only:
+        for selective in (True, False):
+            row = priced(loaded, "ioi", 0, lambda: hs.ioi(m, t, patch=False, resamples=0), selective)
+            out.append(row)
+    return {"model": model, "torch_threads": torch.get_num_threads(), "runs": out}
+
+
+def table(data: dict) -> str:
+    lines = [
+        f"{data['model']}, {data['torch_threads']} torch threads; × bare = wall time over a bare "
+        "SDPA forward of the same tokens, both measured in this run",
+        "",
+        f"{'analysis':<20} {'tokens':>6}  {'passes':>6}  {'selective':>10}  {'full maps':>10}  "
+        f"{'exact rows':>10}  {'sel. MB':>8}  {'full MB':>8}  {'bare MB':>8}",
+    ]
+    runs = data["runs"]
+    keys = list(dict.fromkeys((r["analysis"], r["length"]) for r in runs))
+    for name, length in keys:
+        pair = {r["path"]: r for r in runs if r["analysis"] == name and r["length"] == length}
+        sel, full = pair.get("selective"), pair.get("full maps")
+        if sel is None or full is None:
+            continue
+        share = sel["exact_rows"] / max(1, sel["exact_rows"] + sel["fused_rows"])
+        lines.append(
+            f"{name:<20} {length or '—':>6}  {sel['passes']:>6}  {sel['ratio']:>9.2f}×  {full['ratio']:>9.2f}×  "
+            f"{share:>9.1%}  {sel['peak_mb']:>8.0f}  {full['peak_mb']:>8.0f}  "
+            f"{sel.get('bare_peak_mb', float('nan')):>8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--lengths", default="512,2048,8192")
+    parser.add_argument("--only", default="", help="analyses to run, comma-separated (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--table", type=Path, help="print the table of an earlier --json and stop")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    only = {s.strip() for s in args.only.split(",") if s.strip()} or None
+    data = measure(args.model, [int(x) for x in args.lengths.split(",")], only)
+    if args.json:
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(args.json)
+    print(table(data))
+
+
+if __name__ == "__main__":
+    main()
