@@ -156,6 +156,7 @@ def kv_plan(
     text: str | Path | None = None,
     context: str | int | list[int] = "1280",
     depths: str | list[float] = "0.1,0.4,0.7",
+    apply_context: str | int | list[int] | None = None,
     needles: int | None = 8,
     text_chunks: int = 3,
     draws: int = 3,

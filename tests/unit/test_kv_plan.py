@@ -147,6 +147,27 @@ def test_plan_marks_exactly_the_planted_retrieval_heads_full(toy, files, method)
         assert set(plan.agreement) == {"mass", "retrieval"}
 
 
+def test_a_plan_scored_on_short_prompts_is_applied_at_longer_ones(toy, files):
+    """--apply-context: the ranking comes from 300-token prompts, the plans and the random plans
+    are checked on 600-token prompts, against full attention at 600."""
+    result, plan = toy_plan(toy, files, apply_context="600")
+    (half,) = plan.sparsities
+    assert plan.contexts == [300] and plan.applied_contexts == [600]
+    assert plan.applied_prompts == 3 * len(kv.needle_items())  # three depths
+    assert {len(p.ids) for p in result.state["scored"].inputs.prompts} != {300}
+    assert set(half.streaming) == toy.streaming_kv
+    assert plan.full.accuracy == 1.0 and half.plan.accuracy == 1.0
+    assert half.random_mean("accuracy") < 0.5
+    assert plan.to_json()["applied_contexts"] == [600]
+
+
+def test_apply_context_is_checked_before_the_model_runs(toy, files):
+    with pytest.raises(hs.InputError, match="--apply-context 10: each context must be at least 64"):
+        toy_plan(toy, files, apply_context="10")
+    with pytest.raises(hs.InputError, match="--apply-context 99999 is longer than"):
+        toy_plan(toy, files, apply_context="99999")
+
+
 def test_streaming_the_retrieval_heads_breaks_the_needle_and_the_others_do_not(toy, files):
     result, plan = toy_plan(toy, files)
     scored = result.state["scored"]

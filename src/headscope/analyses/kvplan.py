@@ -54,6 +54,7 @@ from .retrieval import (
     _needle_inputs,
     build_prompts,
     needle_batches,
+    parse_contexts,
 )
 
 KV = tuple[int, int]  # (layer, KV head)
@@ -344,6 +345,10 @@ class KVPlan:
     notes: list[str] = field(default_factory=list)
     n_prompts: int = 0
     n_text: int = 0
+    # Where the plans were applied and checked, when not at the scoring lengths (--apply-context).
+    applied_contexts: list[int] | None = None
+    applied_prompts: int = 0
+    applied_text: int = 0
 
     @property
     def ranked(self) -> list[KV]:
@@ -370,6 +375,9 @@ class KVPlan:
             "prompts": self.n_prompts,
             "text_chunks": self.n_text,
             "heads": self.rows,
+            "applied_contexts": self.applied_contexts,
+            "applied_prompts": self.applied_prompts or None,
+            "applied_text_chunks": self.applied_text or None,
             "full": self.full.to_json(),
             "sparsities": [s.to_json() for s in self.sparsities],
             "agreement": self.agreement or None,
@@ -484,40 +492,10 @@ def score(
         raise NotApplicable(
             f"{loaded.name} has no global attention layer: every layer's cache is already bounded"
         )
-    window = sink + recent
-    prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
-    batches = needle_batches(loaded, prompts, batch_size)
-    rows: list[list[int]] = []
-    specials: list[list[bool]] = []
-    for context in contexts:
-        more, masks = text_rows(loaded, text, context, text_chunks)
-        rows += more
-        specials += masks
-    notes = []
-    if not rows:
-        raise InputError(
-            f"the natural text is shorter than --context {max(contexts)} tokens",
-            hint="give a longer --text file",
-        )
-    if len(rows) < text_chunks * len(contexts):
-        notes.append(
-            f"natural text: {len(rows)} chunk(s) of the context length, fewer than the {text_chunks} asked for per context"
-        )
-    text_batches = capture.make_batches(
-        rows,
-        specials,
-        batch_size=batch_size,
-        pad_id=_pad_id(loaded),
-        is_causal=True,
-        meta=[{"chunk": i} for i in range(len(rows))],
+    inputs, notes, rows = build_inputs(
+        loaded, needles, haystack, text, contexts, depths, sink, recent, text_chunks, batch_size, seed
     )
-    inside = sum(1 for p in prompts if _needle_in_window(p, sink, recent))
-    if inside:
-        notes.append(
-            f"{inside} of {len(prompts)} needle prompts have the needle inside the first {sink} or the last "
-            f"{recent} tokens before the answer, where a streaming head still sees it"
-        )
-    inputs = Inputs(prompts, batches, text_batches, window)
+    prompts, batches = inputs.prompts, inputs.needle_batches
 
     # One full-attention pass over the needles (retrieval, long-range mass) and one over the text.
     retrieval = RetrievalDetector()
@@ -621,6 +599,80 @@ def score(
         _leave_one_out(loaded, plan, inputs, needles, n_resamples, seed, progress)
     _rank(plan)
     return Scored(report, plan, inputs)
+
+
+def build_inputs(
+    loaded: LoadedModel,
+    needles: Any,
+    haystack: Sequence[str],
+    text: Sequence[str],
+    contexts: Sequence[int],
+    depths: Sequence[float],
+    sink: int,
+    recent: int,
+    text_chunks: int,
+    batch_size: int,
+    seed: int,
+) -> tuple[Inputs, list[str], list[list[int]]]:
+    """The needle prompts and the stretches of natural text at ``contexts``, batched; notes on them."""
+    prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
+    batches = needle_batches(loaded, prompts, batch_size)
+    rows: list[list[int]] = []
+    specials: list[list[bool]] = []
+    for context in contexts:
+        more, masks = text_rows(loaded, text, context, text_chunks)
+        rows += more
+        specials += masks
+    notes = []
+    if not rows:
+        raise InputError(
+            f"the natural text is shorter than --context {max(contexts)} tokens",
+            hint="give a longer --text file",
+        )
+    if len(rows) < text_chunks * len(contexts):
+        notes.append(
+            f"natural text: {len(rows)} chunk(s) of the context length, fewer than the {text_chunks} asked for per context"
+        )
+    text_batches = capture.make_batches(
+        rows,
+        specials,
+        batch_size=batch_size,
+        pad_id=_pad_id(loaded),
+        is_causal=True,
+        meta=[{"chunk": i} for i in range(len(rows))],
+    )
+    inside = sum(1 for p in prompts if _needle_in_window(p, sink, recent))
+    if inside:
+        notes.append(
+            f"{inside} of {len(prompts)} needle prompts have the needle inside the first {sink} or the last "
+            f"{recent} tokens before the answer, where a streaming head still sees it"
+        )
+    return Inputs(prompts, batches, text_batches, sink + recent), notes, rows
+
+
+def _apply_at(loaded: LoadedModel, scored: Scored, prepared: Any, options: Any, progress: Any) -> None:
+    """Swap the plan's checking inputs for prompts and text at ``--apply-context``, with their own
+    full-attention reference: the plans ranked on the scoring lengths are then applied there."""
+    inputs, notes, rows = build_inputs(
+        loaded,
+        prepared.needles,
+        prepared.haystack,
+        prepared.text,
+        prepared.applied,
+        prepared.depths,
+        options.sink,
+        options.recent,
+        options.text_chunks,
+        options.batch_size,
+        options.seed,
+    )
+    plan = scored.plan
+    plan.full = evaluate(loaded, inputs, None, progress, "full attention (applied)")
+    plan.applied_contexts = list(prepared.applied)
+    plan.applied_prompts = len(inputs.prompts)
+    plan.applied_text = len(rows)
+    plan.notes += [f"at --apply-context: {note}" for note in notes]
+    scored.inputs = inputs
 
 
 class _Both:
@@ -825,6 +877,12 @@ class KVPlanOptions(Needles, Stats):
     depths: str | list[float] = option(
         "0.1,0.4,0.7", "Needle depths: fractions of the context, 0 = start, 1 = end.", cli_type=str
     )
+    apply_context: str | int | list[int] | None = option(
+        None,
+        "Apply the plans, and the random ones, at these lengths instead of the scoring ones "
+        "(comma-separated): does a plan chosen on --context prompts hold on longer ones?",
+        cli_type=str | None,
+    )
     needles: int | None = option(8, "Use only the first N needles (default 8; 0 or none: all).", min=0)
     text_chunks: int = option(3, "Stretches of natural text of the context length, per context.", min=1)
     draws: int = option(3, "Random plans per sparsity (all same-size plans when there are no more).", min=1)
@@ -842,6 +900,7 @@ class KVPlanInputs(NeedleInputs):
 
     sparsities: tuple[float, ...]
     text: list[str]
+    applied: tuple[int, ...] | None = None
 
 
 @register
@@ -875,6 +934,10 @@ class KVPlanAnalysis(Analysis):
             options, lambda contexts: check_window(options.sink, options.recent, contexts)
         )
         text = needle.haystack if options.text is None else load_haystack(options.text)
+        applied = None
+        if options.apply_context is not None:
+            applied = parse_contexts(_joined(options.apply_context), "--apply-context")
+            check_window(options.sink, options.recent, applied)
         return KVPlanInputs(
             needles=needle.needles,
             haystack=needle.haystack,
@@ -882,6 +945,7 @@ class KVPlanAnalysis(Analysis):
             depths=needle.depths,
             sparsities=sparsities,
             text=text,
+            applied=applied,
         )
 
     def run(self, loaded: Any, options: KVPlanOptions, prepared: KVPlanInputs, progress: Any) -> Outcome:
@@ -889,6 +953,13 @@ class KVPlanAnalysis(Analysis):
         if dtype == "auto":
             dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
             dtype = dtype if dtype in KV_DTYPES else "float32"
+        limit = loaded.max_positions
+        for context in prepared.applied or ():
+            if limit is not None and context > limit:
+                raise InputError(
+                    f"--apply-context {context} is longer than {loaded.name}'s context of {limit} tokens",
+                    hint=f"use at most {limit}",
+                )
         scored = score(
             loaded,
             prepared.needles,
@@ -906,6 +977,8 @@ class KVPlanAnalysis(Analysis):
             seed=options.seed,
             progress=progress,
         )
+        if prepared.applied is not None:
+            _apply_at(loaded, scored, prepared, options, progress)
         return Outcome(scored.report, state={"scored": scored, "sparsities": prepared.sparsities})
 
     def wants_verify(self, options: KVPlanOptions) -> bool:

@@ -78,17 +78,15 @@ def _refuse_repeats(option: str, text: str, parts: list[str], values: Sequence[f
         first[value] = part
 
 
-def parse_contexts(text: str) -> tuple[int, ...]:
-    parts = _parts("--context", text, "1000,2000")
+def parse_contexts(text: str, option: str = "--context") -> tuple[int, ...]:
+    parts = _parts(option, text, "1000,2000")
     try:
         values = tuple(int(part) for part in parts)
     except ValueError:
-        raise InputError(
-            f"--context {elide(text)}: expected token counts such as 1000 or 1000,2000"
-        ) from None
+        raise InputError(f"{option} {elide(text)}: expected token counts such as 1000 or 1000,2000") from None
     if any(v < 64 for v in values):
-        raise InputError(f"--context {elide(text)}: each context must be at least 64 tokens")
-    _refuse_repeats("--context", text, parts, values)
+        raise InputError(f"{option} {elide(text)}: each context must be at least 64 tokens")
+    _refuse_repeats(option, text, parts, values)
     return values
 
 

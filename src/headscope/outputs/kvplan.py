@@ -54,6 +54,13 @@ def print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
         f"{','.join(str(c) for c in plan.contexts)} tokens, {plan.n_text} stretches of natural text",
         soft_wrap=False,
     )
+    if plan.applied_contexts:
+        console.print(
+            f"plans applied at {','.join(str(c) for c in plan.applied_contexts)} tokens (--apply-context): "
+            f"{plan.applied_prompts} needle prompts, {plan.applied_text} stretches of natural text; "
+            "the full-attention reference below is theirs",
+            soft_wrap=False,
+        )
     for note in plan.notes:
         console.print(f"[dim]note: {note}[/dim]")
     full = plan.full
