@@ -534,16 +534,24 @@ real_run = capture.run
 def announcing_run(loaded, batches, on_layer, **kwargs):
     announced = []
 
-    def on_layer_announced(*args):
-        if not announced:
-            announced.append(True)
-            sys.stderr.write("READY\\n")
-            sys.stderr.flush()
-            # Inside the first forward pass: wait there for the SIGINT, so a small run is enough.
-            time.sleep(600)
-        return on_layer(*args)
+    def announcing(callback):
+        if callback is None:
+            return None
 
-    return real_run(loaded, batches, on_layer_announced, **kwargs)
+        def inner(*args):
+            if not announced:
+                announced.append(True)
+                sys.stderr.write("READY\\n")
+                sys.stderr.flush()
+                # Inside the first forward pass: wait there for the SIGINT, so a small run is enough.
+                time.sleep(600)
+            return callback(*args)
+
+        return inner
+
+    # Row chunks (on_layer) or, where every detector reads pairs, the pairs' weights (on_pairs).
+    kwargs["on_pairs"] = announcing(kwargs.get("on_pairs"))
+    return real_run(loaded, batches, announcing(on_layer), **kwargs)
 
 capture.run = announcing_run
 sys.argv = ["headscope", *sys.argv[1:]]

@@ -22,6 +22,7 @@ import headscope as hs
 from headscope import capture
 from headscope.analyses.base import score_batches
 from headscope.capture import rows
+from headscope.detectors.base import Detector
 
 kv = kv_toy_module()
 
@@ -58,40 +59,99 @@ def _last_to_first():
     return hs.TargetDetector("last-to-first", targets=targets)
 
 
+class LastRowMass(Detector):
+    """Dense: the last token's attention on key 0, read from whole rows (declares the last row)."""
+
+    name = "last-row-mass"
+    summary = "test"
+
+    def reads(self, batch):
+        return rows.last_row(batch)
+
+    def update(self, layer, attn, batch, q_start=0):
+        last = batch.attention_mask.sum(1) - 1
+        inside = (last >= q_start) & (last < q_start + attn.shape[2])
+        picked = torch.where(inside)[0]
+        mass = torch.zeros(attn.shape[0], attn.shape[1], dtype=attn.dtype)
+        mass[picked] = attn[picked, :, last[picked] - q_start, 0]
+        self._accumulate(layer, batch, mass, inside.to(attn.dtype), torch.zeros(attn.shape[0]))
+
+
+def _spied(detector, seen):
+    update, update_pairs = detector.update, detector.update_pairs
+
+    def spy(layer, attn, batch, q_start=0):
+        seen.append(("rows", layer, q_start, attn.shape[2]))
+        update(layer, attn, batch, q_start)
+
+    def spy_pairs(layer, found, batch):
+        seen.append(("pairs", layer, found.weights.shape))
+        update_pairs(layer, found, batch)
+
+    detector.update, detector.update_pairs = spy, spy_pairs
+    return detector
+
+
 def test_a_detector_that_reads_the_last_row_gets_only_the_last_rows(toy):
     batches = _toy_batches(toy)
     layers = toy.layout.n_layers
     seen = []
-
-    def scored(detector):
-        update = detector.update
-
-        def spy(layer, attn, batch, q_start=0):
-            seen.append((layer, q_start, attn.shape[2]))
-            update(layer, attn, batch, q_start)
-
-        detector.update = spy
-        return score_batches(toy, batches, [detector], 3, "toy")[0]
-
     with rows.counting() as counts:
-        selective = scored(_last_to_first())
+        (selective,) = score_batches(toy, batches, [_spied(LastRowMass(), seen)], 3, "toy")
     # Lengths 9, 7, 12: the last rows are 6, 8 and 11, each delivered alone; no other row's weights
     # were computed in any layer, and the other 9 rows went through the fused kernel.
-    assert sorted({(q, c) for _, q, c in seen}) == [(6, 1), (8, 1), (11, 1)]
+    assert sorted({(q, c) for _, _, q, c in seen}) == [(6, 1), (8, 1), (11, 1)]
     assert counts.exact_rows == dict.fromkeys(range(layers), 3)
     assert counts.fused_rows == dict.fromkeys(range(layers), 9)
     seen.clear()
     with rows.full_maps(), rows.counting() as full_counts:
-        full = scored(_last_to_first())
+        (full,) = score_batches(toy, batches, [_spied(LastRowMass(), seen)], 3, "toy")
     assert full_counts.exact_rows == dict.fromkeys(range(layers), 12) and not full_counts.fused_rows
-    assert {(q, c) for _, q, c in seen} == {(0, 12)}
+    assert {(q, c) for _, _, q, c in seen} == {(0, 12)}
     assert torch.allclose(selective.scores(), full.scores(), atol=1e-6, rtol=0)
-    assert torch.allclose(selective.baseline_by_layer(), full.baseline_by_layer(), atol=1e-12)
     assert float(selective.scores().max()) > 0.05  # something was really measured
 
 
+def test_a_target_detector_gets_its_pairs_and_no_row_is_computed(toy):
+    """The same question as a TargetDetector (last token to key 0): it reads three pairs a layer.
+    Every row runs fused; the weights at the pairs come from the kernel's log-sum-exp."""
+    batches = _toy_batches(toy)
+    layers = toy.layout.n_layers
+    seen = []
+    with rows.counting() as counts:
+        (selective,) = score_batches(toy, batches, [_spied(_last_to_first(), seen)], 3, "toy")
+    assert [s[0] for s in seen] == ["pairs"] * layers  # one call per layer, never a row chunk
+    assert all(s[2] == (3, toy.layout.n_heads) for s in seen)
+    assert not counts.exact_rows and counts.pairs == dict.fromkeys(range(layers), 3)
+    assert counts.fused_rows == dict.fromkeys(range(layers), 12)
+    with rows.full_maps():
+        (full,) = score_batches(toy, batches, [_last_to_first()], 3, "toy")
+    (dense,) = score_batches(toy, batches, [LastRowMass()], 3, "toy")
+    assert torch.allclose(selective.scores(), full.scores(), atol=1e-6, rtol=0)
+    assert torch.allclose(selective.scores(), dense.scores(), atol=1e-6, rtol=0)
+    assert torch.allclose(selective.baseline_by_layer(), full.baseline_by_layer(), atol=1e-9)
+
+
+def test_token_detectors_on_pairs_equal_full_maps(toy):
+    """previous-token, duplicate-token, induction and sink all read pairs: a scan of them runs
+    every layer fused, and every score and reference equals the full-map path's."""
+    from headscope import detectors
+
+    batches = _toy_batches(toy, lengths=(24, 17, 30))
+    names = ["previous-token", "duplicate-token", "induction", "sink"]
+    with rows.counting() as counts:
+        selective = score_batches(toy, batches, detectors.create(names), 3, "toy")
+    assert not counts.exact_rows and counts.total_pairs > 0
+    with rows.full_maps():
+        full = score_batches(toy, batches, detectors.create(names), 3, "toy")
+    for a, b in zip(selective, full, strict=True):
+        assert torch.allclose(a.scores(), b.scores(), atol=1e-6, rtol=0), a.detector
+        assert torch.allclose(a.baseline_by_layer(), b.baseline_by_layer(), atol=1e-9), a.detector
+        assert torch.equal(a.counts, b.counts), a.detector
+
+
 def test_the_induction_detector_reads_the_repeated_half_and_scores_the_same(toy):
-    """Induction's targets are in the second copy only: the first copy runs fused."""
+    """Induction reads its targets as pairs: every row runs fused, and the score is the same."""
     result = {}
     for path in ("selective", "full"):
         with rows.full_maps() if path == "full" else torch.no_grad(), rows.counting() as counts:

@@ -158,12 +158,18 @@ def score_batches(
         for detector in chosen:
             detector.end_layer(layer, batch)
 
+    def on_pairs(layer: int, found: list[capture.rows.PairWeights], batch: capture.Batch) -> None:
+        # Only called when every detector read pairs: one part each, in order.
+        for detector, part in zip(chosen, found, strict=True):
+            detector.update_pairs(layer, part, batch)
+
     advance = progress(data_name, n_examples) if progress else None
     capture.run(
         loaded,
         batches,
         on_layer,
         reads=capture.rows.union([detector.reads for detector in chosen]),
+        on_pairs=on_pairs,
         on_layer_done=on_layer_done,
         on_token_loss=on_token_loss,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,

@@ -1,11 +1,15 @@
 """Which query rows of each layer's attention someone reads, and the spans that get exact weights.
 
 A reader (a detector, an analysis' callback) declares its rows with ``reads(batch)``: ``None`` for
-every row, or a ``[B, T]`` boolean mask of the rows it reads (the last token, the answer positions,
-any mask). The streaming capture computes exact float32 weights for the union of the readers' rows
-over the batch, hands those on, and sends every other row through the fused SDPA kernel with the
-same mask: the weights of those rows are never computed. :func:`full_maps` turns this off (every
-row exact), for the checks that the two paths agree; :func:`counting` counts the rows of each path.
+every row, a ``[B, T]`` boolean mask of the rows it reads (the last token, the answer positions,
+any mask), or :class:`Pairs`, the (row, query, key) coordinates it reads (a target detector reads
+a few keys of each query). The streaming capture computes exact float32 weights for the union of
+the readers' rows over the batch, hands those on, and sends every other row through the fused
+SDPA kernel with the same mask: the weights of those rows are never computed. When every reader
+reads pairs, no row is computed at all: the fused kernel also returns each row's log-sum-exp, and
+the weight of a pair is ``exp(q·k × scale − lse)`` (:class:`PairWeights`). :func:`full_maps` turns
+this off (every row exact), for the checks that the paths agree; :func:`counting` counts the rows
+of each path.
 """
 
 from __future__ import annotations
@@ -19,8 +23,38 @@ import torch
 
 from .batch import Batch
 
-# reads(batch) -> [B, T] bool (the rows read) or None (every row).
-Reads = Callable[[Batch], "torch.Tensor | None"]
+
+@dataclass(frozen=True)
+class Pairs:
+    """The coordinates some readers read: ``parts[i] = (rows, queries, keys)`` for reader ``i``."""
+
+    parts: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> Pairs:
+        return cls(((rows, queries, keys),))
+
+    def query_mask(self, batch: Batch) -> torch.Tensor:
+        """[B, T] the query rows the pairs fall in."""
+        mask = torch.zeros_like(batch.attention_mask)
+        for rows, queries, _ in self.parts:
+            mask[rows.to(mask.device), queries.to(mask.device)] = True
+        return mask
+
+
+@dataclass
+class PairWeights:
+    """One reader's pairs in one layer: ``weights[n, H]`` (float32, each a query's softmax weight
+    on that key), ``visible[n]`` (the layer's mask lets the query see the key) and ``keys_seen[n]``
+    (how many keys the mask lets that query see, at least 1: what uniform attention spreads over)."""
+
+    weights: torch.Tensor
+    visible: torch.Tensor
+    keys_seen: torch.Tensor
+
+
+# reads(batch) -> [B, T] bool (the rows read), Pairs (the coordinates read) or None (every row).
+Reads = Callable[[Batch], "torch.Tensor | Pairs | None"]
 
 _FULL_MAPS: ContextVar[bool] = ContextVar("headscope_full_maps", default=False)
 _COUNTER: ContextVar[RowCounts | None] = ContextVar("headscope_row_counts", default=None)
@@ -54,16 +88,22 @@ def at_positions(batch: Batch, positions: Sequence[Sequence[int]]) -> torch.Tens
 
 
 def union(readers: Sequence[Reads]) -> Reads:
-    """The rows any of ``readers`` reads (every row as soon as one reads every row)."""
+    """What ``readers`` read together: every row as soon as one reads every row; their pairs, one
+    part per reader in order, when every one reads pairs; else the rows any of them reads."""
 
-    def reads(batch: Batch) -> torch.Tensor | None:
-        total = None
+    def reads(batch: Batch) -> torch.Tensor | Pairs | None:
+        found = []
         for reader in readers:
-            mask = reader(batch)
-            if mask is None:
+            got = reader(batch)
+            if got is None:
                 return None
-            total = mask if total is None else total | mask
-        return total if total is not None else no_row(batch)
+            found.append(got)
+        if found and all(isinstance(f, Pairs) for f in found):
+            return Pairs(tuple(part for f in found for part in f.parts))  # type: ignore[union-attr]
+        total = no_row(batch)
+        for got in found:
+            total = total | (got.query_mask(batch) if isinstance(got, Pairs) else got)
+        return total
 
     return reads
 
@@ -114,12 +154,16 @@ class RowCounts:
 
     exact_rows: dict[int, int] = field(default_factory=dict)
     fused_rows: dict[int, int] = field(default_factory=dict)
+    pairs: dict[int, int] = field(default_factory=dict)  # (row, query, key) weights from the LSE
 
     def exact(self, layer: int, n: int) -> None:
         self.exact_rows[layer] = self.exact_rows.get(layer, 0) + n
 
     def fused(self, layer: int, n: int) -> None:
         self.fused_rows[layer] = self.fused_rows.get(layer, 0) + n
+
+    def paired(self, layer: int, n: int) -> None:
+        self.pairs[layer] = self.pairs.get(layer, 0) + n
 
     @property
     def total_exact(self) -> int:
@@ -129,12 +173,19 @@ class RowCounts:
     def total_fused(self) -> int:
         return sum(self.fused_rows.values())
 
+    @property
+    def total_pairs(self) -> int:
+        return sum(self.pairs.values())
+
 
 class _NoCounts(RowCounts):
     def exact(self, layer: int, n: int) -> None:
         return None
 
     def fused(self, layer: int, n: int) -> None:
+        return None
+
+    def paired(self, layer: int, n: int) -> None:
         return None
 
 

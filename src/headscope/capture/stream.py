@@ -41,6 +41,8 @@ _PLAN_ROWS = 2048  # mask rows read at a time when planning the key ranges of th
 
 # on_layer(layer, weights[B, H, c, K'], batch, q_start): weights of queries q_start..q_start+c-1.
 LayerCallback = Callable[[int, torch.Tensor, "Batch", int], None]
+# on_pairs(layer, [PairWeights per reader], batch): the weights at the pairs the readers declared.
+PairCallback = Callable[[int, "list[rows.PairWeights]", "Batch"], None]
 
 
 LayerDone = Callable[[int, "Batch"], None]
@@ -58,10 +60,14 @@ class _LayerSink:
         recorder: HeadOutputMeans | None = None,
         streaming: StreamingHeads | None = None,
         reads: Reads | None = None,
+        on_pairs: PairCallback | None = None,
     ) -> None:
         self.callback = callback
+        self.on_pairs = on_pairs
         # The rows the callback reads (None: every row); no callback reads none.
         self.reads: Reads = rows.no_row if callback is None else (reads or rows.every_row)
+        self._read: Any = False  # what the readers read in this batch (False: not asked yet)
+        self.lse_failed = False  # the fused kernel with log-sum-exp raised: pairs via rows
         self._spans: list[tuple[int, int]] | None | bool = False  # False: not computed yet
         self.counts = rows.active_counts()
         self.plans: dict[Any, list[tuple[int, int]]] = {}  # _plan's key ranges, per mask
@@ -87,11 +93,23 @@ class _LayerSink:
         if self.callback is not None:
             self.callback(layer, weights, self.batch, q_start)
 
+    def _selection(self) -> Any:
+        if self._read is False:
+            self._read = self.reads(self.batch) if rows.selective() else None
+        return self._read
+
+    def read_pairs(self) -> rows.Pairs | None:
+        """The pairs the readers read, when all of them read pairs and someone takes pair weights."""
+        found = self._selection()
+        return found if isinstance(found, rows.Pairs) and self.on_pairs is not None else None
+
     def read_spans(self, layer: int, length: int) -> list[tuple[int, int]] | None:
         """The query spans whose weights are read, in this batch (None: every row, exact)."""
         if self._spans is False:
-            mask = self.reads(self.batch) if rows.selective() else None
-            self._spans = None if mask is None else rows.spans(mask)
+            found = self._selection()
+            if isinstance(found, rows.Pairs):
+                found = found.query_mask(self.batch)
+            self._spans = None if found is None else rows.spans(found)
         spans = self._spans
         if spans is None or (len(spans) == 1 and spans[0] == (0, length)):
             return None
@@ -164,6 +182,9 @@ def streaming_attention(
     attention = _Layer(
         module, layer, sink, query, key, value, attention_mask, scaling, softcap, sinks, n_kv_heads
     )
+    pairs = sink.read_pairs() if sink is not None else None
+    if pairs is not None and attention.pairs(output, pairs):
+        return _finish(sink, layer, output)
     read = sink.read_spans(layer, length) if sink is not None else None
     exact = [(0, length)] if read is None else read
     # The weights are produced, scored and multiplied into the values one query chunk at a time,
@@ -183,6 +204,11 @@ def streaming_attention(
             fused = max(1, _FUSED_CHUNK_ELEMENTS // max(1, batch * heads * keys))
             for start, stop, first, limit in _plan(attention_mask, rest, fused, keys, sink):
                 attention.fused(output, start, stop, first, limit)
+    return _finish(sink, layer, output)
+
+
+def _finish(sink: _LayerSink | None, layer: int, output: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """The layer's end for the sink (recorder, ablation), and the output in the model's layout."""
     if sink is not None:
         sink.end(layer)
         if sink.recorder is not None:
@@ -260,7 +286,52 @@ class _Layer:
             sink.batch.set_chunk(start, stop, mask=rows_mask[..., :limit] if rows_mask is not None else None)
             sink.deliver(self.layer, weights, start)
 
-    def fused(self, output: torch.Tensor, start: int, stop: int, first: int, limit: int) -> None:
+    def pairs(self, output: torch.Tensor, pairs: rows.Pairs) -> bool:
+        """Every row fused, with its log-sum-exp; then each declared pair's weight from it.
+
+        False (nothing written) where this cannot be exact: a soft-cap or sink column (the kernel
+        has neither), streaming heads in this layer, or a device without a fused kernel that
+        returns the log-sum-exp; the caller then computes the pairs' rows exactly."""
+        sink = self.sink
+        assert sink is not None
+        if self.softcap is not None or self.sinks is not None:
+            return False
+        if sink.streaming is not None and sink.streaming.kv_heads.get(self.layer):
+            return False
+        if sink.lse_failed or not _lse_kernel_ok(self.query, self.value):
+            return False
+        batch, heads, length, _ = self.query.shape
+        keys = self.key.shape[-2]
+        lse = torch.empty(batch, heads, length, dtype=torch.float32, device=self.query.device)
+        chunk = max(1, _FUSED_CHUNK_ELEMENTS // max(1, batch * heads * keys))
+        try:
+            for start, stop, first, limit in _plan(self.mask, [(0, length)], chunk, keys, sink):
+                self.fused(output, start, stop, first, limit, lse=lse)
+        except (RuntimeError, NotImplementedError):
+            sink.lse_failed = True  # a kernel this build lacks for these shapes: rows, exactly
+            return False
+        seen = _keys_seen(self.mask, sink, batch, length)  # [B, T]
+        found = []
+        for rows_, queries, key_ids in pairs.parts:
+            scores = (self.query[rows_, :, queries].float() * self.key[rows_, :, key_ids].float()).sum(-1)
+            weights = torch.exp(scores * self.scaling - lse[rows_, :, queries])  # [n, H]
+            visible = _visible_at(self.mask, rows_, queries, key_ids)
+            weights = torch.where(visible[:, None], weights, torch.zeros((), dtype=weights.dtype))
+            found.append(rows.PairWeights(weights, visible, seen[rows_, queries]))
+            sink.counts.paired(self.layer, len(rows_))
+        assert sink.on_pairs is not None
+        sink.on_pairs(self.layer, found, sink.batch)
+        return True
+
+    def fused(
+        self,
+        output: torch.Tensor,
+        start: int,
+        stop: int,
+        first: int,
+        limit: int,
+        lse: torch.Tensor | None = None,
+    ) -> None:
         """Rows start..stop-1 through ``scaled_dot_product_attention``: no weights exist.
 
         The same keys (first..limit-1), the same mask slice and the same streaming-head blocks as
@@ -280,13 +351,15 @@ class _Layer:
                 allowed = allowed.masked_fill(blocked, torch.finfo(allowed.dtype).min)
         if allowed is not None and allowed.dtype != torch.bool:
             allowed = allowed.to(self.query.dtype)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            self.query[:, :, start:stop],
-            self.key[:, :, first:limit],
-            self.value[:, :, first:limit],
-            attn_mask=allowed,
-            scale=self.scaling,
-        )
+        query = self.query[:, :, start:stop]
+        key, value = self.key[:, :, first:limit], self.value[:, :, first:limit]
+        if lse is None:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=allowed, scale=self.scaling
+            )
+        else:
+            out, found = _fused_with_lse(query, key, value, allowed, self.scaling)
+            lse[:, :, start:stop] = found
         if allowed is not None:
             # A row that sees no key (padding past a sliding window) gets what the exact path
             # gives it, the mean of the values (a softmax over equal logits), not SDPA's 0 or NaN.
@@ -296,6 +369,66 @@ class _Layer:
         output[:, :, start:stop] = out
         if self.sink is not None:
             self.sink.counts.fused(self.layer, stop - start)
+
+
+def _lse_kernel_ok(query: torch.Tensor, value: torch.Tensor) -> bool:
+    """A fused kernel that returns the log-sum-exp exists here: CPU or CUDA, and values as wide as
+    queries (multi-head latent attention's are not)."""
+    return query.device.type in ("cpu", "cuda") and query.shape[-1] == value.shape[-1]
+
+
+def _fused_with_lse(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused attention that also returns each query row's log-sum-exp ``[B, H, c]`` (float32).
+
+    The kernels that return it take an additive mask of the query's dtype, not a boolean one."""
+    bias = None
+    if allowed is not None:
+        bias = allowed
+        if bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                ~allowed, float("-inf")
+            )
+        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    if query.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=bias, scale=scale
+        )
+    else:
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, True, 0.0, False, scale=scale
+        )
+        lse = lse[..., : query.shape[2]]
+    return out, lse.float()
+
+
+def _keys_seen(mask: torch.Tensor | None, sink: _LayerSink, batch: int, length: int) -> torch.Tensor:
+    """[B, T] how many keys the mask lets each query see (at least 1), once per mask and batch."""
+    if mask is None:
+        seen = sink.batch.attention_mask.sum(1, keepdim=True).expand(batch, length)
+        return seen.to(torch.float32).clamp(min=1.0)
+    ident = ("seen", mask.data_ptr(), tuple(mask.shape), mask.dtype)
+    if ident not in sink.plans:
+        n_rows = mask.shape[2]
+        out = torch.empty(batch, n_rows, dtype=torch.float32, device=mask.device)
+        for a in range(0, n_rows, _PLAN_ROWS):
+            b = min(n_rows, a + _PLAN_ROWS)
+            open_ = mask_open(mask[:, :, a:b])
+            open_ = open_.any(1) if open_.shape[1] > 1 else open_[:, 0]
+            out[:, a:b] = open_.sum(-1).to(torch.float32)
+        sink.plans[ident] = out.expand(batch, length).clamp(min=1.0) if n_rows == 1 else out.clamp(min=1.0)  # type: ignore[assignment]
+    return sink.plans[ident]  # type: ignore[return-value]
+
+
+def _visible_at(
+    mask: torch.Tensor | None, rows_: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """[n] whether the mask lets each (row, query) see its key (any head, as the dense path reads it)."""
+    if mask is None:
+        return torch.ones(len(rows_), dtype=torch.bool, device=rows_.device)
+    at = queries if mask.shape[2] > 1 else torch.zeros_like(queries)
+    return mask_open(mask[rows_, :, at, keys]).any(-1)
 
 
 def _plan(
@@ -384,8 +517,9 @@ def _sink(
     recorder: HeadOutputMeans | None = None,
     streaming: StreamingHeads | None = None,
     reads: Reads | None = None,
+    on_pairs: PairCallback | None = None,
 ) -> Iterator[_LayerSink]:
-    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, streaming, reads)
+    sink = _LayerSink(callback, batch, ablation, on_layer_done, recorder, streaming, reads, on_pairs)
     token = _ACTIVE_SINK.set(sink)
     try:
         yield sink
@@ -440,6 +574,7 @@ def run(
     on_layer: LayerCallback | None,
     *,
     reads: Reads | None = None,
+    on_pairs: PairCallback | None = None,
     on_layer_done: LayerDone | None = None,
     on_token_loss: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
@@ -471,6 +606,10 @@ def run(
     ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
     None: every row): only those get exact weights and reach ``on_layer``, every other row runs
     through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
+    When ``reads`` gives :class:`~headscope.capture.rows.Pairs` and ``on_pairs`` is set, no row
+    gets weights: ``on_pairs(layer, [PairWeights per part], batch)`` receives the weights at the
+    pairs, from the fused kernel's log-sum-exp (where a layer cannot, its pairs' rows are computed
+    exactly and go to ``on_layer`` instead).
     """
     if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
@@ -499,7 +638,7 @@ def run(
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
                     with _sink(
-                        on_layer, on_device, ablation, on_layer_done, recorder, streaming, reads
+                        on_layer, on_device, ablation, on_layer_done, recorder, streaming, reads, on_pairs
                     ) as sink:
                         out = stopped(module, inputs)
                     if sink.calls != n_layers:

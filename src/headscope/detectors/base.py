@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 import torch
 
 from headscope.capture import Batch
+from headscope.capture.rows import Pairs, PairWeights
 from headscope.models import HeadLayout
 from headscope.rolespec import RoleSpec
 
@@ -168,12 +169,21 @@ class Detector(ABC):
         ``end_layer`` is called.
         """
 
-    def reads(self, batch: Batch) -> torch.Tensor | None:
+    def reads(self, batch: Batch) -> torch.Tensor | Pairs | None:
         """The query rows ``update`` reads in ``batch``: a ``[B, T]`` boolean mask, or None for
         every row. Only these rows get exact weights and reach ``update`` (in chunks of
         consecutive rows; other chunks never arrive); the rest of the layer runs through the fused
-        SDPA kernel (:mod:`headscope.capture.rows`). Declare as few as the detector needs."""
+        SDPA kernel (:mod:`headscope.capture.rows`). Declare as few as the detector needs. A
+        detector that reads a few keys of each query may return
+        :class:`~headscope.capture.rows.Pairs` and implement :meth:`update_pairs`: when every
+        detector of a pass does, no row's weights are computed at all."""
         return None
+
+    def update_pairs(self, layer: int, found: PairWeights, batch: Batch) -> None:
+        """The weights at the pairs ``reads`` declared (a :class:`~headscope.capture.rows.Pairs`),
+        in one call per layer, instead of ``update``'s chunks: only for detectors whose ``reads``
+        returns pairs. Then ``end_layer`` is called as usual."""
+        raise NotImplementedError(f"{self.name}: reads() returned pairs, but update_pairs is missing")
 
     def end_layer(self, layer: int, batch: Batch) -> None:
         """Called after the last chunk of ``layer``. Detectors that need whole rows finish here."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from headscope.capture import Batch
+from headscope.capture.rows import Pairs, PairWeights
 from headscope.detectors.base import Detector, RoleSpec
 from headscope.detectors.target import TargetDetector, Targets
 
@@ -40,6 +41,28 @@ class SinkDetector(Detector):
     summary = "mean attention to position 0 (BOS/CLS when the tokenizer adds one), from every later position"
     default_source = "text"
     role = SINK_ROLE
+
+    def reads(self, batch: Batch) -> Pairs:
+        """Key 0 from every real query after it: the only weights the score reads."""
+        key = "sink-pairs"
+        if key not in batch._cache:
+            mask = batch.attention_mask.clone()
+            mask[:, 0] = False
+            rows, queries = mask.nonzero(as_tuple=True)
+            batch._cache[key] = Pairs.of(rows, queries, torch.zeros_like(queries))  # type: ignore[assignment]
+        return batch._cache[key]  # type: ignore[return-value]
+
+    def update_pairs(self, layer: int, found: PairWeights, batch: Batch) -> None:
+        ((rows, _, _),) = self.reads(batch).parts
+        weights = found.weights
+        n = batch.input_ids.shape[0]
+        per_head = torch.zeros(n, weights.shape[1], dtype=weights.dtype, device=weights.device)
+        per_head.index_add_(0, rows, weights)
+        counts = torch.zeros(n, dtype=weights.dtype, device=weights.device)
+        counts.index_add_(0, rows, torch.ones_like(found.keys_seen, dtype=weights.dtype))
+        share = found.visible.to(weights.dtype) / found.keys_seen.to(weights.dtype)
+        baseline = torch.zeros(n, dtype=weights.dtype, device=weights.device).index_add_(0, rows, share)
+        self._accumulate(layer, batch, per_head, counts, baseline)
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         stop = q_start + attn.shape[2]

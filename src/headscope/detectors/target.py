@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from headscope.capture import Batch
+from headscope.capture.rows import Pairs, PairWeights
 from headscope.errors import HeadscopeError, InputError
 from headscope.rolespec import RoleSpec
 
@@ -127,15 +128,15 @@ class TargetDetector(_Declared):
         )
         self.targets = targets
 
-    def reads(self, batch: Batch) -> torch.Tensor:
-        """The queries that have a target (induction: the repeated half); pooling reads no other."""
-        found, queries, _ = self.targets_of(batch)
-        mask = torch.zeros_like(batch.attention_mask)
-        mask[found, queries] = True
-        return mask
+    def reads(self, batch: Batch) -> Pairs:
+        """Its targets: the weight of each query on each of its target keys is all it reads."""
+        return Pairs.of(*self.targets_of(batch))
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         pool(self, layer, attn, batch, q_start, self.targets_of(batch))
+
+    def update_pairs(self, layer: int, found: PairWeights, batch: Batch) -> None:
+        pool_pairs(self, layer, found, batch, self.targets_of(batch))
 
     def targets_of(self, batch: Batch) -> Targets:
         """This detector's targets in ``batch``, checked once per batch and kept with it."""
@@ -233,6 +234,29 @@ def pool(
         / batch.visible_count(q_start, stop, n_keys)[rows, queries]
     )
     baseline = torch.zeros(attn.shape[0], dtype=attn.dtype, device=attn.device).index_add_(0, rows, share)
+    detector._accumulate(layer, batch, per_head, counts, baseline)
+
+
+def pool_pairs(detector: Detector, layer: int, found: PairWeights, batch: Batch, targets: Targets) -> None:
+    """:func:`pool` from the weights at the targets themselves (one call per layer): the same sums."""
+    rows, queries, _ = targets
+    key = f"pairs:{id(targets)}"
+    if key not in batch._cache:
+        first_of_query = torch.ones_like(rows, dtype=torch.bool)
+        if len(rows) > 1:
+            first_of_query[1:] = (rows[1:] != rows[:-1]) | (queries[1:] != queries[:-1])
+        counts = torch.zeros(batch.input_ids.shape[0], dtype=torch.long, device=rows.device)
+        counts.index_add_(0, rows, first_of_query.long())
+        batch._cache[key] = counts
+    counts = batch._cache[key]
+    weights = found.weights
+    per_head = torch.zeros(
+        batch.input_ids.shape[0], weights.shape[1], dtype=weights.dtype, device=weights.device
+    )
+    per_head.index_add_(0, rows, weights)
+    share = found.visible.to(weights.dtype) / found.keys_seen.to(weights.dtype)
+    baseline = torch.zeros(batch.input_ids.shape[0], dtype=weights.dtype, device=weights.device)
+    baseline.index_add_(0, rows, share)
     detector._accumulate(layer, batch, per_head, counts, baseline)
 
 
