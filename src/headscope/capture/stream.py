@@ -191,19 +191,30 @@ def streaming_attention(
     # so no layer's full [B, H, T, T] map ever exists. In a causal layer the chunk of queries
     # q_start..stop-1 sees only keys < stop: the keys after it are skipped, which halves the work.
     chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * keys))
-    for start, stop, first, limit in _plan(attention_mask, exact, chunk, keys, sink):
-        attention.exact(output, start, stop, first, limit, deliver=True)
+    plan = _plan(attention_mask, exact, chunk, keys, sink)
+    for (start, stop, first, limit), causal in zip(
+        plan, _causal_chunks(attention_mask, plan, sink), strict=True
+    ):
+        attention.exact(output, start, stop, first, limit, deliver=True, causal=causal)
     if read is not None:
         rest = rows.complement(read, length)
-        if softcap is not None or sinks is not None:
+        streams = sink is not None and sink.streaming is not None and bool(sink.streaming.kv_heads.get(layer))
+        if softcap is not None or sinks is not None or streams:
             # SDPA has neither a logit soft-cap nor a sink column: these rows are computed exactly
-            # (the same numbers as a full-map pass), only not handed on.
-            for start, stop, first, limit in _plan(attention_mask, rest, chunk, keys, sink):
-                attention.exact(output, start, stop, first, limit, deliver=False)
+            # (the same numbers as a full-map pass), only not handed on. So are a layer's rows when
+            # some of its KV heads stream: a mask per head sends SDPA to its slow unfused path.
+            plan = _plan(attention_mask, rest, chunk, keys, sink)
+            for (start, stop, first, limit), causal in zip(
+                plan, _causal_chunks(attention_mask, plan, sink), strict=True
+            ):
+                attention.exact(output, start, stop, first, limit, deliver=False, causal=causal)
         else:
             fused = max(1, _FUSED_CHUNK_ELEMENTS // max(1, batch * heads * keys))
-            for start, stop, first, limit in _plan(attention_mask, rest, fused, keys, sink):
-                attention.fused(output, start, stop, first, limit)
+            plan = _plan(attention_mask, rest, fused, keys, sink)
+            for (start, stop, first, limit), causal in zip(
+                plan, _causal_chunks(attention_mask, plan, sink), strict=True
+            ):
+                attention.fused(output, start, stop, first, limit, causal=causal)
     return _finish(sink, layer, output)
 
 
@@ -250,16 +261,29 @@ class _Layer:
         )
 
     def exact(
-        self, output: torch.Tensor, start: int, stop: int, first: int, limit: int, *, deliver: bool
+        self,
+        output: torch.Tensor,
+        start: int,
+        stop: int,
+        first: int,
+        limit: int,
+        *,
+        deliver: bool,
+        causal: bool = False,
     ) -> None:
-        """Rows start..stop-1 with float32 weights, handed to the sink when ``deliver``."""
+        """Rows start..stop-1 with float32 weights, handed to the sink when ``deliver``. A
+        ``causal`` chunk (:func:`_causal_chunks`) masks only its diagonal block: the rest is open."""
         rows_mask = self._rows(start, stop)
         scores = torch.matmul(
             self.query[:, :, start:stop] * self.scaling, self.key[:, :, first:limit].transpose(2, 3)
         )
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)).mul_(self.softcap)
-        if rows_mask is not None:
+        if causal:
+            size = stop - start
+            upper = torch.ones(size, size, dtype=torch.bool, device=scores.device).triu_(1)
+            scores[..., start - first :].masked_fill_(upper, torch.finfo(scores.dtype).min)
+        elif rows_mask is not None:
             if rows_mask.dtype == torch.bool:  # True = may attend
                 scores.masked_fill_(~rows_mask[..., first:limit], torch.finfo(scores.dtype).min)
             else:
@@ -305,8 +329,11 @@ class _Layer:
         lse = torch.empty(batch, heads, length, dtype=torch.float32, device=self.query.device)
         chunk = max(1, _FUSED_CHUNK_ELEMENTS // max(1, batch * heads * keys))
         try:
-            for start, stop, first, limit in _plan(self.mask, [(0, length)], chunk, keys, sink):
-                self.fused(output, start, stop, first, limit, lse=lse)
+            plan = _plan(self.mask, [(0, length)], chunk, keys, sink)
+            for (start, stop, first, limit), causal in zip(
+                plan, _causal_chunks(self.mask, plan, sink), strict=True
+            ):
+                self.fused(output, start, stop, first, limit, lse=lse, causal=causal)
         except (RuntimeError, NotImplementedError):
             sink.lse_failed = True  # a kernel this build lacks for these shapes: rows, exactly
             return False
@@ -331,17 +358,40 @@ class _Layer:
         first: int,
         limit: int,
         lse: torch.Tensor | None = None,
+        causal: bool = False,
     ) -> None:
         """Rows start..stop-1 through ``scaled_dot_product_attention``: no weights exist.
 
         The same keys (first..limit-1), the same mask slice and the same streaming-head blocks as
-        :meth:`exact`, and the same output for a row with no visible key.
+        :meth:`exact`, and the same output for a row with no visible key. ``lse`` (``[B, H, T]``)
+        receives each row's log-sum-exp. A ``causal`` chunk on the CPU needs no mask: the keys
+        before it and its diagonal block (causal) go through the fused kernel separately, and the
+        two are merged by their log-sum-exps (as flash-decoding merges splits).
         """
+        blocked = self._blocked(start, stop, first, limit)
+        if (
+            causal
+            and blocked is None
+            and self.query.device.type == "cpu"
+            and _lse_kernel_ok(self.query, self.value)
+        ):
+            out, found = _causal_split(
+                self.query[:, :, start:stop],
+                self.key[:, :, first:limit],
+                self.value[:, :, first:limit],
+                start - first,
+                self.scaling,
+            )
+            if lse is not None:
+                lse[:, :, start:stop] = found
+            output[:, :, start:stop] = out
+            if self.sink is not None:
+                self.sink.counts.fused(self.layer, stop - start)
+            return
         rows_mask = self._rows(start, stop)
         allowed = None
         if rows_mask is not None:
             allowed = rows_mask[..., first:limit]
-        blocked = self._blocked(start, stop, first, limit)
         if blocked is not None:
             if allowed is None:
                 allowed = ~blocked
@@ -401,6 +451,23 @@ def _fused_with_lse(
         )
         lse = lse[..., : query.shape[2]]
     return out, lse.float()
+
+
+def _causal_split(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, before: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a causal chunk whose queries see every one of the first ``before`` keys and the
+    causal triangle of the rest: two unmasked fused calls, merged by their log-sum-exps."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    diag_out, diag_lse = flash(query, key[:, :, before:], value[:, :, before:], 0.0, True, scale=scale)
+    if before == 0:
+        return diag_out, diag_lse.float()
+    past_out, past_lse = flash(query, key[:, :, :before], value[:, :, :before], 0.0, False, scale=scale)
+    past_lse, diag_lse = past_lse.float(), diag_lse.float()
+    lse = torch.logaddexp(past_lse, diag_lse)
+    past = torch.exp(past_lse - lse)[..., None].to(past_out.dtype)
+    diag = torch.exp(diag_lse - lse)[..., None].to(diag_out.dtype)
+    return past_out * past + diag_out * diag, lse
 
 
 def _keys_seen(mask: torch.Tensor | None, sink: _LayerSink, batch: int, length: int) -> torch.Tensor:
@@ -476,6 +543,32 @@ def _plan(
         first = 0 if first >= keys else min(first, limit)
         plan.append((s, e, first, limit))
     return plan
+
+
+def _causal_chunks(
+    mask: torch.Tensor | None, plan: list[tuple[int, int, int, int]], sink: _LayerSink | None
+) -> list[bool]:
+    """For each chunk of ``plan``: does the mask let every query of it (every row and head) see
+    exactly the keys first..q, i.e. all keys before the chunk and the causal triangle within it?
+    Then the chunk needs no mask: the keys before it, unmasked, and the diagonal block, causal.
+    Read from the mask once per mask and chunking (one copy to the host), never assumed."""
+    if mask is None or mask.shape[2] == 1 or not plan:
+        return [False] * len(plan)
+    memo = sink.plans if sink is not None else {}
+    ident = ("causal", mask.data_ptr(), tuple(mask.shape), mask.dtype, tuple(plan))
+    if ident not in memo:
+        flags = []
+        for start, stop, first, limit in plan:
+            if limit != stop or first > start:
+                flags.append(torch.zeros((), dtype=torch.bool, device=mask.device))
+                continue
+            block = mask_open(mask[:, :, start:stop, first:limit])
+            before = block[..., : start - first].all()
+            size = stop - start
+            tri = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril_()
+            flags.append(before & (block[..., start - first :] == tri).all())
+        memo[ident] = torch.stack(flags).tolist()  # type: ignore[assignment]
+    return memo[ident]  # type: ignore[return-value]
 
 
 _registered = False
