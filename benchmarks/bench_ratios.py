@@ -15,7 +15,7 @@ started, next to the same for one bare forward of L tokens.
 The analyses, at length L:
 - scan (token-level): previous-token, duplicate-token, induction and sink on random tokens repeated
   to L (4,096 tokens a batch); its bare forward is timed directly on the same batches.
-- induction: ``hs.induction`` at seq_len L/2 (two copies), copy loss included.
+- induction: ``hs.induction`` at seq_len (L-1)/2 (two copies and BOS), copy loss included.
 - retrieval: ``hs.retrieval`` at context L, depth 0.5, 2 needles.
 - kv-plan: ``hs.kv_plan`` at context L, method retrieval, sparsity 0.5, 2 needles, 1 text chunk.
 - icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
@@ -102,7 +102,7 @@ def analyses_at(length: int) -> dict:
     late = min(500, length - 8)
     return {
         "induction": lambda m, t: hs.induction(
-            m, t, seq_len=length // 2, n_seqs=max(1, 4096 // length), resamples=0
+            m, t, seq_len=(length - 1) // 2, n_seqs=max(1, 4096 // length), resamples=0
         ),
         "retrieval": lambda m, t: hs.retrieval(
             m, t, context=str(length), depths="0.5", needles=2, resamples=0
@@ -153,7 +153,7 @@ def priced(loaded, name: str, length: int, run, selective: bool) -> dict:
     }
 
 
-def measure(model: str, lengths: list[int], only: set[str] | None) -> dict:
+def measure(model: str, lengths: list[int], only: set[str] | None, save=None) -> dict:
     loaded = load(model)
     m, t = loaded.model, loaded.tokenizer
     out = []
@@ -185,6 +185,8 @@ def measure(model: str, lengths: list[int], only: set[str] | None) -> dict:
                     row = priced(loaded, name, length, lambda fn=fn: fn(m, t), selective)
                 row.update(entry)
                 out.append(row)
+                if save is not None:  # after every run: a crash keeps what was measured
+                    save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
                 print(
                     f"  {name:20s} {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare "
                     f"({row['passes']} passes)  +{row['peak_mb']:.0f} MB",
@@ -235,11 +237,15 @@ def main() -> None:
         print(table(json.loads(args.table.read_text())))
         return
     only = {s.strip() for s in args.only.split(",") if s.strip()} or None
-    data = measure(args.model, [int(x) for x in args.lengths.split(",")], only)
-    if args.json:
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(args.json)
+
+    def save(data: dict) -> None:
+        if args.json:
+            tmp = args.json.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(args.json)
+
+    data = measure(args.model, [int(x) for x in args.lengths.split(",")], only, save)
+    save(data)
     print(table(data))
 
 
