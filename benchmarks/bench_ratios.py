@@ -39,6 +39,7 @@ import torch
 import headscope as hs
 from headscope import analyses, capture, detectors
 from headscope.capture import ledger, rows
+from headscope.files import check_writable, write_atomic
 from headscope.models import load
 
 
@@ -241,11 +242,12 @@ def main() -> None:
         return
     only = {s.strip() for s in args.only.split(",") if s.strip()} or None
 
+    if args.json:  # refused now, not after the measuring
+        check_writable(args.json, "--json", force=True)
+
     def save(data: dict) -> None:
         if args.json:
-            tmp = args.json.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.replace(args.json)
+            write_atomic(args.json, json.dumps(data, indent=1), "--json", force=True)
 
     data = measure(args.model, [int(x) for x in args.lengths.split(",")], only, save)
     save(data)
