@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from headscope.errors import InputError, ModelLoadError, ModelNotFoundError
+from headscope.errors import InputError, ModelLoadError, ModelNotFoundError, elide
 
 from .bundled import BUNDLED, DEFAULT_MODEL, log
 from .gguf import _load_gguf
@@ -158,21 +159,23 @@ def _load_adapter(
     try:
         base = load(resolved.base or "", device, dtype, capture, use_cache, device_map, revision)
     except ModelNotFoundError as exc:
+        named_by = resolved.inner[0] if resolved.inner else resolved.location
         raise ModelNotFoundError(
-            f"{resolved.location}: its base model {resolved.base!r} (base_model_name_or_path in "
+            f"{named_by}: its base model {resolved.base!r} (base_model_name_or_path in "
             f"adapter_config.json) is not here: {exc.message}",
             hint="set base_model_name_or_path to a local folder, a .gguf file, an alias or a cached hub id",
         ) from exc
-    try:
-        adapted = PeftModel.from_pretrained(base.model, resolved.location).eval()
-    except Exception as exc:
-        raise ModelLoadError(
-            f"cannot put the adapter {resolved.location} on {base.name}: {type(exc).__name__}: {exc}"
-        ) from exc
+    # An adapter whose base is another adapter folder was trained on that adapter's model: the inner
+    # adapters are merged into the base, innermost first, and the outer one is put on the result.
+    model, name = base.model, base.name
+    for inner in resolved.inner:
+        model = _put_adapter(PeftModel, model, inner, name).merge_and_unload()
+        name = f"{name}+{Path(inner).name}"
+    adapted = _put_adapter(PeftModel, model, resolved.location, name).eval()
     from .wrap import unwrap_adapters
 
     model, _ = unwrap_adapters(adapted)
-    name = f"{base.name}+{Path(resolved.location).name}"
+    name = f"{name}+{Path(resolved.location).name}"
     return LoadedModel(
         name,
         model,
@@ -183,6 +186,37 @@ def _load_adapter(
         base.source,
         capture_requested=capture,
     )
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+?): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from checkpoint, "
+    r"the shape in current model is torch\.Size\(\[([^\]]*)\]\)"
+)
+
+
+def _put_adapter(peft_model: Any, model: Any, folder: str, base_name: str) -> Any:
+    """``PeftModel.from_pretrained(model, folder)``; an adapter that does not fit the model is said in
+    one line (the first tensor whose shape differs), not as peft's list of every mismatch."""
+    try:
+        return peft_model.from_pretrained(model, folder)
+    except Exception as exc:
+        text = str(exc)
+        found = _SIZE_MISMATCH.search(text)
+        if found is not None:
+            tensor, theirs, ours = found.groups()
+            tensor = tensor.removeprefix("base_model.model.")
+            count = len(_SIZE_MISMATCH.findall(text))
+            more = f"; {count - 1} more tensors differ" if count > 1 else ""
+            raise ModelLoadError(
+                f"the adapter {folder} does not fit its base {base_name}: {tensor} is [{theirs}] in the "
+                f"adapter and [{ours}] in the base{more}",
+                hint="base_model_name_or_path in adapter_config.json must name the model the adapter "
+                "was trained on",
+            ) from None
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        raise ModelLoadError(
+            f"cannot put the adapter {folder} on {base_name}: {type(exc).__name__}: {elide(first, 300)}"
+        ) from exc
 
 
 def can_stream(model: Any) -> bool:

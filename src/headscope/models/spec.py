@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from headscope.errors import ModelNotFoundError
+from headscope.errors import InputError, ModelNotFoundError, elide
 
 from .bundled import BUNDLED, bundled_file
 
@@ -18,10 +18,16 @@ class ResolvedSpec:
     gguf_file: str | None = None
     alias: str | None = None
     sha256: str | None = None  # the GGUF file's digest when already verified (saves hashing it again)
-    base: str | None = None  # adapter: the spec of the model the adapter was trained on
+    # adapter: the spec of the model under the whole chain of adapters (never an adapter itself)
+    base: str | None = None
+    # adapter: the adapter folders between that base and this one, innermost first (an adapter whose
+    # base_model_name_or_path names another adapter folder was trained on that adapter's model)
+    inner: tuple[str, ...] = ()
 
 
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+MAX_ADAPTER_CHAIN = 16
 
 
 def is_adapter_folder(path: Path) -> bool:
@@ -33,16 +39,69 @@ def adapter_base(path: Path) -> str:
     """The base model an adapter folder names (``base_model_name_or_path``), as a spec."""
     import json
 
+    config = path / ADAPTER_CONFIG
     try:
-        base = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+        data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(f"{path / ADAPTER_CONFIG}: cannot read it ({exc})") from exc
-    if not base:
-        raise ModelNotFoundError(
-            f"{path / ADAPTER_CONFIG} names no base_model_name_or_path",
+        raise InputError(
+            f"{config}: cannot read it ({elide(exc)})", hint="save the adapter again with save_pretrained"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{config}: nested too deeply; not a peft adapter config") from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{config}: expected a JSON object (a peft adapter config), got {elide(data, 40)}",
+            hint="save the adapter again with save_pretrained",
+        )
+    base = data.get("base_model_name_or_path")
+    if base is not None and not isinstance(base, str):
+        raise InputError(
+            f"{config}: base_model_name_or_path must be a string, got {elide(base, 40)}",
             hint="set it to the base model's alias, folder or cached hub id",
         )
-    return str(base)
+    if not base:
+        raise ModelNotFoundError(
+            f"{config} names no base_model_name_or_path",
+            hint="set it to the base model's alias, folder or cached hub id",
+        )
+    return base
+
+
+def check_adapter_weights(path: Path) -> None:
+    """An adapter folder holds its weights (peft would say "Repo id must be in the form…")."""
+    if not any((path / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise InputError(
+            f"{path}: an adapter folder (it holds {ADAPTER_CONFIG}) without adapter weights "
+            f"({' or '.join(ADAPTER_WEIGHTS)})",
+            hint="give the folder save_pretrained wrote, with its weights",
+        )
+
+
+def _adapter(path: Path) -> ResolvedSpec:
+    """An adapter folder, and the chain of adapters under it down to a model that is not one. A
+    chain that comes back to a folder it passed is refused (it names no model to start from)."""
+    folder = path.resolve()
+    chain = [folder]
+    check_adapter_weights(folder)
+    base = adapter_base(folder)
+    while True:
+        below = Path(base).expanduser()
+        if not (below.is_dir() and is_adapter_folder(below)):
+            break
+        below = below.resolve()
+        if below in chain:
+            loop = " -> ".join(str(p) for p in [*chain, below])
+            raise InputError(
+                f"{chain[-1] / ADAPTER_CONFIG}: base_model_name_or_path leads back to {below}, an adapter "
+                f"already in the chain ({elide(loop, 300)}): no base model to start from",
+                hint="set base_model_name_or_path to the model the adapter was trained on",
+            )
+        if len(chain) >= MAX_ADAPTER_CHAIN:
+            raise InputError(f"{path}: more than {MAX_ADAPTER_CHAIN} adapters stacked on one another")
+        check_adapter_weights(below)
+        chain.append(below)
+        base = adapter_base(below)
+    return ResolvedSpec("adapter", str(folder), base=base, inner=tuple(str(p) for p in reversed(chain[1:])))
 
 
 def resolve(spec: str) -> ResolvedSpec:
@@ -59,7 +118,7 @@ def resolve(spec: str) -> ResolvedSpec:
         return ResolvedSpec("gguf", str(path.resolve().parent), path.name)
     if path.is_dir():
         if is_adapter_folder(path):
-            return ResolvedSpec("adapter", str(path.resolve()), base=adapter_base(path))
+            return _adapter(path)
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))
             hint = (
