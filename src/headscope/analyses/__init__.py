@@ -5,11 +5,11 @@
 # of these imports, the order of the CLI's help and the docs: each module imports at its top only the
 # analyses before it (scan imports the others where it uses them).
 # isort: off
-from headscope.analyses.scan import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS, scan
-from headscope.analyses.induction import CopyLossMeter, induction
+from headscope.analyses.scan import scan
+from headscope.analyses.induction import induction
 from headscope.analyses.syntax import check_relations, syntax
 from headscope.analyses.coref import coref
-from headscope.analyses import retrieval, kvplan, ioi, weights, icl, detect  # noqa: F401
+from headscope.analyses import retrieval, kvplan, ioi, weights, icl, detect, describe  # noqa: F401
 
 # isort: on
 from headscope.analyses.ablation import (
@@ -33,6 +33,8 @@ from headscope.analyses.base import (
     repeated_tokens,
     score_batches,
 )
+from headscope.analyses.copyloss import CopyLossMeter
+from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS
 from headscope.verdicts.heads import random_control, top_heads
 
 __all__ = [

@@ -24,7 +24,7 @@ import torch
 
 from headscope import capture
 from headscope.analyses.base import ProgressFactory, RepeatSpec, model_batches, repeated_tokens
-from headscope.analyses.induction import CopyLossMeter
+from headscope.analyses.copyloss import CopyLossMeter
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import Head, random_control

@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 
 from headscope.errors import InputError
 
-from .protocol import Analysis, Outcome
+from .ablation import Verification
+from .ablation import verify as verify_tables
+from .protocol import Analysis, Outcome, spelled
 
 
 @dataclass
@@ -25,8 +27,6 @@ class Check:
     value: Any
 
     def to_json(self) -> dict[str, Any]:
-        from .ablation import Verification
-
         if isinstance(self.value, Verification):
             value = self.value
             return {
@@ -46,8 +46,6 @@ def _one_check(outcome: Outcome, kind: str) -> dict[str, Any] | None:
 def _too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
     """K heads ablated and K random heads beside them: at most half the model's heads. ``option_name``
     is the option's Python name (``verify_k``), spelled as the caller wrote it."""
-    from .protocol import spelled
-
     total = loaded.layout.n_layers * loaded.layout.n_heads
     if k > total // 2:
         raise InputError(
@@ -59,8 +57,6 @@ def _too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
 
 def check_repeat_context(loaded: Any, options: Any) -> None:
     """The repeated-random-tokens protocol fits the model's context (BOS and copies counted)."""
-    from .protocol import spelled
-
     limit = loaded.max_positions
     tokenizer = loaded.tokenizer
     extra = 0  # the special tokens repeated_tokens adds: BOS (causal), or CLS and SEP (encoders)
@@ -89,8 +85,6 @@ class _TableChecked(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: Any, progress: Any, k: int | None = None
     ) -> list[Check]:
-        from .ablation import verify as verify_tables
-
         checks = verify_tables(
             loaded,
             outcome.report,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.data.align import AlignmentError, encode_with_spans, precedes, share_a_token
+from headscope.data.defaults import DEFAULT_COREF_SETS
 from headscope.data.prompts import CorefSet, builtin, display_path, load_coref
 from headscope.detectors.coref import CorefDetector
 from headscope.errors import InputError
@@ -17,7 +18,6 @@ from headscope.verdicts.stats import check_resamples
 from .base import ProgressFactory, Report, _prompt_set_report, check_context, model_batches, score_batches
 from .checks import _TableChecked
 from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register
-from .scan import DEFAULT_COREF_SETS
 
 
 def _nearest(pronoun: tuple[int, int], candidates: Sequence[tuple[int, int]], visible: Sequence[bool]) -> int:

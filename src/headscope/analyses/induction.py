@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from headscope import capture, detectors
+from headscope import detectors
 from headscope.errors import InputError
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import top_heads
@@ -15,8 +13,8 @@ from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 from headscope.verdicts.stats import check_resamples
 
+from .ablation import ablate
 from .base import (
-    CopyLoss,
     ProgressFactory,
     RepeatSpec,
     Report,
@@ -27,6 +25,7 @@ from .base import (
     score_batches,
 )
 from .checks import Check, _one_check, _too_many, check_repeat_context
+from .copyloss import CopyLossMeter
 from .protocol import (
     HELP_ABLATION,
     HELP_BATCH,
@@ -40,39 +39,6 @@ from .protocol import (
     option,
     register,
 )
-
-
-class CopyLossMeter:
-    """Accumulates next-token loss by copy index from each batch's [B, T-1] token losses.
-
-    Also keeps, per example, the loss summed over the later copies and its token count, so that
-    the later-copy loss can be bootstrapped over sequences.
-    """
-
-    def __init__(self, offset: int, seq_len: int, repeats: int, n_examples: int) -> None:
-        self.offset, self.seq_len, self.repeats = offset, seq_len, repeats
-        self.loss_sum = torch.zeros(repeats, dtype=torch.float64)
-        self.tokens = torch.zeros(repeats, dtype=torch.long)
-        self.later_sum = torch.zeros(n_examples, dtype=torch.float64)
-        self.later_tokens = torch.zeros(n_examples, dtype=torch.float64)
-
-    def __call__(self, token_losses: torch.Tensor, batch: capture.Batch) -> None:
-        losses = token_losses.cpu()  # [B, T-1]: loss of predicting token t+1
-        positions = torch.arange(1, batch.input_ids.shape[1])
-        copy_index = (positions - self.offset).div(self.seq_len, rounding_mode="floor")
-        in_body = (positions >= self.offset) & (copy_index < self.repeats)
-        for copy in range(self.repeats):
-            mask = in_body & (copy_index == copy)
-            self.loss_sum[copy] += losses[:, mask].double().sum()
-            self.tokens[copy] += int(mask.sum()) * losses.shape[0]
-        later = in_body & (copy_index >= 1)
-        rows = batch.example_index
-        self.later_sum[rows] += losses[:, later].double().sum(1)
-        self.later_tokens[rows] += float(later.sum())
-
-    def result(self) -> CopyLoss:
-        per_copy = (self.loss_sum / self.tokens.clamp(min=1)).tolist()
-        return CopyLoss(per_copy, self.tokens.tolist())
 
 
 def induction(
@@ -170,8 +136,6 @@ class Induction(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: InductionOptions, progress: Any, k: int | None = None
     ) -> list[Check]:
-        from .ablation import ablate  # ablation imports this module (CopyLossMeter)
-
         _too_many(
             loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control of the same size"
         )

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from headscope import capture, detectors
+from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS
 from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, Unsupported
@@ -49,15 +50,6 @@ from .protocol import (
 
 # The scan draws on every other analysis, and imports each where it uses it: importing this module
 # registers Scan alone, so the registry's order is the order analyses/__init__.py imports them in.
-
-DEFAULT_TEXT_SET = "text/natural.yaml"
-
-
-DEFAULT_TREEBANKS = ("syntax/en.conllu", "syntax/zh.conllu")
-
-
-DEFAULT_COREF_SETS = ("coref/en.yaml", "coref/zh.yaml")
-
 
 DEFAULT_IOI_SETS = ("ioi/en.yaml", "ioi/zh.yaml")
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from headscope.data.align import AlignmentError, encode_with_spans, share_a_token
 from headscope.data.conllu import Treebank, read_conllu
+from headscope.data.defaults import DEFAULT_TREEBANKS
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
 from headscope.errors import InputError
@@ -18,7 +19,6 @@ from headscope.verdicts.stats import check_resamples
 from .base import ProgressFactory, Report, _prompt_set_report, model_batches, score_batches
 from .checks import _TableChecked
 from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register, split_names
-from .scan import DEFAULT_TREEBANKS
 
 
 def check_relations(treebank: Treebank, relations: Sequence[str] | None) -> list[str]:

@@ -3,6 +3,7 @@
 from headscope.capture import checks, ledger, rows
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
+from headscope.capture.borrow import borrowed
 from headscope.capture.kvmask import StreamingHeads
 from headscope.capture.stream import (
     STREAM_IMPLEMENTATION,
@@ -25,6 +26,7 @@ __all__ = [
     "LayerDone",
     "STREAM_IMPLEMENTATION",
     "StreamingHeads",
+    "borrowed",
     "head_output_means",
     "make_batches",
     "next_token_losses",

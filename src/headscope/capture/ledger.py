@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .borrow import borrowed
+
 _LEDGER: ContextVar[Ledger | None] = ContextVar("headscope_ledger", default=None)
 _PART: ContextVar[str] = ContextVar("headscope_ledger_part", default="run")
 
@@ -70,8 +72,6 @@ class Ledger:
 
     def measure(self, loaded: Any) -> dict[int, float]:
         """Seconds per token of a bare forward, per length bucket, from one timed batch each."""
-        from .stream import prepared
-
         wanted: dict[int, tuple[int, int]] = {}
         for shapes in self.passes.values():
             for batch, length, _ in shapes:
@@ -81,7 +81,7 @@ class Ledger:
         rates = {}
         model = loaded.model
         vocab = model.get_input_embeddings().num_embeddings
-        with prepared(loaded), torch.inference_mode():
+        with borrowed(loaded), torch.inference_mode():
             before = getattr(model.config, "_attn_implementation", None)
             model.set_attn_implementation("sdpa")
             try:

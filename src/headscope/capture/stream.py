@@ -12,8 +12,6 @@ Two ways to get at the attention weights:
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from headscope.errors import RunFailure
 from . import ledger, rows
 from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
+from .borrow import borrowed, use_attention
 from .dla import HeadWrites, attention_layers
 from .kvmask import StreamingHeads
 from .rows import Reads
@@ -601,6 +600,10 @@ def register_streaming_attention() -> None:
     _registered = True
 
 
+# Borrows of a model in streaming capture switch it to this module's attention function.
+use_attention("stream", STREAM_IMPLEMENTATION, register_streaming_attention)
+
+
 @contextlib.contextmanager
 def _sink(
     callback: LayerCallback | None,
@@ -720,7 +723,7 @@ def run(
     n_layers = len(layers)
     book = ledger.active()
     share = n_layers / max(1, len(attention_layers(loaded)))
-    with prepared(loaded), torch.inference_mode(), stopping_after(loaded, stop_after) as stopped:
+    with borrowed(loaded), torch.inference_mode(), stopping_after(loaded, stop_after) as stopped:
         for batch in batches:
             on_device = batch.to(device)
             inputs = model_inputs(loaded, on_device)
@@ -809,118 +812,5 @@ def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor
     return out
 
 
-# --- borrowing a caller's model for the length of an analysis --------------------------------------
-
-
-# One borrow of a model object at a time: a second analysis of the same object (another thread)
-# waits for the first. Waiting, not refusing: the results are then exactly those of two runs one
-# after the other, and a model runs one forward pass at a time anyway. Re-entrant, so an analysis'
-# own nested uses in the same thread go through. Keyed by the model object, not the LoadedModel:
-# two hs.load(model, tokenizer) wrappers of one model share it.
-_BORROWS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_BORROWS_LOCK = threading.Lock()
-# Module state that transformers' output capturing adds and a borrow must take back.
-_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
-_HOOKED_FLAG = "_output_capturing_hooks_installed"
-
-
-def borrow_lock(model: Any) -> threading.RLock:
-    with _BORROWS_LOCK:
-        lock = _BORROWS.get(model)
-        if lock is None:
-            lock = _BORROWS[model] = threading.RLock()
-        return lock
-
-
-@dataclass
-class _ModelState:
-    """What a borrow must give back: every module's hooks and train/eval flag, transformers'
-    hooked-once flag, and every parameter's ``requires_grad`` and ``.grad``."""
-
-    hooks: list[tuple[Any, str, set[Any]]]
-    flags: list[tuple[Any, bool]]
-    hooked: list[Any]
-    params: list[tuple[Any, bool, Any]]
-
-    @classmethod
-    def of(cls, model: Any) -> _ModelState:
-        modules = list(model.modules())
-        return cls(
-            hooks=[
-                (m, name, set(getattr(m, name))) for m in modules for name in _HOOK_DICTS if hasattr(m, name)
-            ],
-            flags=[(m, m.training) for m in modules],
-            hooked=[m for m in modules if _HOOKED_FLAG in vars(m)],
-            params=[(p, p.requires_grad, p.grad) for p in model.parameters()],
-        )
-
-    def restore(self, model: Any) -> None:
-        for module, name, keys in self.hooks:
-            hooks = getattr(module, name)
-            for key in [k for k in hooks if k not in keys]:
-                del hooks[key]
-        for module, training in self.flags:
-            module.training = training
-        before = {id(m) for m in self.hooked}
-        for module in model.modules():
-            if _HOOKED_FLAG in vars(module) and id(module) not in before:
-                delattr(module, _HOOKED_FLAG)
-        for parameter, requires_grad, grad in self.params:
-            if parameter.requires_grad != requires_grad:
-                parameter.requires_grad_(requires_grad)
-            if parameter.grad is not grad:
-                parameter.grad = grad
-
-
-@contextlib.contextmanager
-def prepared(loaded: Any) -> Iterator[Any]:
-    """Switch a caller's model to headscope's attention implementation and eval mode; restore on exit.
-
-    A model headscope loaded itself (``loaded.owned``) is switched on first use and left so.
-    Nested uses (an analysis whose forward passes also ask) switch once. One borrow of a model
-    object at a time (:func:`borrow_lock`: a second thread waits). On exit the caller's model gets
-    back, in ``finally`` (an exception or Ctrl-C included), its attention implementation, every
-    module's train/eval flag and hooks (transformers' output-capturing hooks, installed by an
-    ``output_attentions=True`` pass, are taken off again, so ``torch.save`` and ``pickle`` work as
-    before), and every parameter's ``requires_grad`` and ``.grad``; the weights are never written.
-    """
-    model = loaded.model
-    wanted = STREAM_IMPLEMENTATION if loaded.capture_mode == "stream" else "eager"
-    with borrow_lock(model):
-        if loaded.owned or loaded.active:
-            # headscope's own model is switched on first use and stays so; a nested use is already set.
-            if loaded.owned and getattr(model.config, "_attn_implementation", None) != wanted:
-                if wanted == STREAM_IMPLEMENTATION:
-                    register_streaming_attention()
-                model.set_attn_implementation(wanted)
-            loaded.active += 1
-            try:
-                yield loaded
-            finally:
-                loaded.active -= 1
-            return
-        before = getattr(model.config, "_attn_implementation", None)
-        state = _ModelState.of(model)
-        loaded.active += 1
-        switched = False
-        try:
-            if wanted == STREAM_IMPLEMENTATION:
-                register_streaming_attention()
-            if before != wanted:
-                model.set_attn_implementation(wanted)
-                switched = True
-            model.eval()
-            yield loaded
-        finally:
-            loaded.active -= 1
-            if switched:
-                model.set_attn_implementation(before if before is not None else "eager")
-            state.restore(model)
+# The borrow lives in headscope.capture.borrow; this name stays for the modules that import it from here.
+prepared = borrowed

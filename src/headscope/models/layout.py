@@ -166,12 +166,12 @@ class LoadedModel:
     capture_mode: Literal["stream", "eager"]
     source: str
     # False for a model the caller loaded: headscope switches its attention implementation and
-    # eval mode only while an analysis runs (capture.prepared), and restores them after.
+    # eval mode only while an analysis runs (capture.borrow.borrowed), and restores them after.
     owned: bool = True
     # What the caller asked for: under "auto" a streaming capture that fails its check on the model
     # (headscope.capture.checks) falls back to eager.
     capture_requested: str = "auto"
-    active: int = field(default=0, repr=False, compare=False)  # nesting depth of capture.prepared
+    active: int = field(default=0, repr=False, compare=False)  # nesting depth of capture.borrow.borrowed
 
     @property
     def base(self) -> Any:

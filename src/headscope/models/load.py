@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -129,12 +130,36 @@ def load(
     model.eval()
     if device_name is not None:
         model.to(device_name)
-    check_tokenizer_fits(model, tokenizer)
-    causal = is_causal_config(model.config)
-    layout = HeadLayout.from_config(model.config, tokenizer)
-    mode = decide_capture(model, capture)
     name = resolved.alias or (resolved.gguf_file or Path(resolved.location).name)
-    return LoadedModel(name, model, tokenizer, layout, causal, mode, source, capture_requested=capture)
+    return assemble(model, tokenizer, name=name, source=source, capture=capture)
+
+
+def assemble(
+    model: Any, tokenizer: Any, *, name: str, source: str, capture: str, owned: bool = True
+) -> LoadedModel:
+    """The one place a :class:`LoadedModel` is made from a model and its tokenizer, with the checks
+    every way in needs: :func:`load` (a spec, ``owned``) and :func:`headscope.models.wrap.wrap` (the
+    caller's model) come here; an adapter is its base's, with the adapted model in it.
+
+    The tokenizer must fit the embedding, the model must be a self-attention model (causal or not),
+    the capture mode is decided, a caller's model must be able to give its attention weights, and
+    the head layout is read from the config. Nothing about the model changes here.
+    """
+    check_tokenizer_fits(model, tokenizer)
+    config = model.config
+    causal = is_causal_config(config)
+    mode = decide_capture(model, capture)
+    current = getattr(config, "_attn_implementation", None)
+    if not owned and mode == "eager" and current not in (None, "eager") and not can_stream(model):
+        raise ModelLoadError(
+            f"{type(model).__name__} uses attn_implementation={current!r} and cannot switch it while loaded, "
+            "so its attention weights cannot be read",
+            hint="load it with attn_implementation='eager'",
+        )
+    layout = HeadLayout.from_config(config, tokenizer)
+    return LoadedModel(
+        name, model, tokenizer, layout, causal, mode, source, owned=owned, capture_requested=capture
+    )
 
 
 def _load_adapter(
@@ -148,7 +173,7 @@ def _load_adapter(
 ) -> LoadedModel:
     """An adapter folder: its base model (alias, folder, .gguf or cached hub id, as the adapter's
     config names it), loaded as any spec, with the adapter put on it by peft, active, in eval mode.
-    The model headscope analyses is the adapted one (:func:`wrap.unwrap_adapters`)."""
+    The model headscope analyses is the adapted one (:func:`unwrap_adapters`)."""
     try:
         from peft import PeftModel
     except ImportError:
@@ -172,20 +197,25 @@ def _load_adapter(
         model = _put_adapter(PeftModel, model, inner, name).merge_and_unload()
         name = f"{name}+{Path(inner).name}"
     adapted = _put_adapter(PeftModel, model, resolved.location, name).eval()
-    from .wrap import unwrap_adapters
-
     model, _ = unwrap_adapters(adapted)
-    name = f"{name}+{Path(resolved.location).name}"
-    return LoadedModel(
-        name,
-        model,
-        base.tokenizer,
-        base.layout,
-        base.is_causal,
-        base.capture_mode,
-        base.source,
-        capture_requested=capture,
+    # The adapter layers sit inside the base's modules: the base's tokenizer, layout, attention and
+    # capture mode (checked by assemble when the base loaded) are the adapted model's too.
+    return dataclasses.replace(
+        base, name=f"{name}+{Path(resolved.location).name}", model=model, capture_requested=capture
     )
+
+
+def unwrap_adapters(model: Any) -> tuple[Any, str]:
+    """A peft ``PeftModel`` -> (the transformers model inside it, with its adapter layers in place,
+    the active adapter's name); any other model -> (itself, ""). The adapted model is what is
+    analysed: its forward passes run through the adapters as they are set now (enabled or not),
+    and the projections headscope reads (W_Q, W_V, W_O …) are the adapted ones."""
+    if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+        active = getattr(model, "active_adapter", "") or ""
+        if isinstance(active, list | tuple):
+            active = "+".join(active)
+        return model.get_base_model(), str(active)
+    return model, ""
 
 
 _SIZE_MISMATCH = re.compile(
@@ -227,7 +257,7 @@ def can_stream(model: Any) -> bool:
 def decide_capture(model: Any, capture: str) -> Literal["stream", "eager"]:
     """The capture mode for ``model``: streaming where the architecture allows it, else eager.
 
-    Nothing is switched here: :func:`headscope.capture.prepared` installs the streaming attention
+    Nothing is switched here: :func:`headscope.capture.borrow.borrowed` installs the streaming attention
     function when an analysis runs (and, for a caller's model, restores its own afterwards).
     """
     if capture not in ("auto", "stream", "eager"):
