@@ -342,7 +342,7 @@ def execute(
     A model whose attention maps do not reproduce it is refused here, the same way from every entry.
     """
     from headscope.capture import checks
-    from headscope.capture import prepared as borrowed
+    from headscope.capture.borrow import borrowed
 
     analysis.check_loaded(loaded, options)
     with borrowed(loaded):
