@@ -63,16 +63,23 @@ def absolute_base(importer: str, node: ast.ImportFrom) -> str:
     return ".".join(base_parts + ([node.module] if node.module else []))
 
 
+_READING: set[str] = set()  # packages whose re-exports are being read (a package importing from itself)
+
+
 @cache
 def reexports(package: str) -> dict[str, str]:
     """name -> the module a package ``__init__`` takes it from, for its module-level imports."""
     path = module_paths()[package]
     found: dict[str, str] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
-        if isinstance(node, ast.ImportFrom):
-            base = absolute_base(package, node)
-            for alias in node.names:
-                found[alias.asname or alias.name] = resolve_name(base, alias.name)
+    _READING.add(package)
+    try:
+        for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+            if isinstance(node, ast.ImportFrom):
+                base = absolute_base(package, node)
+                for alias in node.names:
+                    found[alias.asname or alias.name] = resolve_name(base, alias.name)
+    finally:
+        _READING.discard(package)
     return found
 
 
@@ -83,7 +90,7 @@ def resolve_name(base: str, name: str) -> str:
         return f"{base}.{name}"
     if base == ROOT:
         return ROOT_NAME_HOMES.get(name, ROOT_OTHER_NAMES_HOME)
-    if is_package(base) and name in reexports(base):
+    if is_package(base) and base not in _READING and name in reexports(base):
         return reexports(base)[name]
     return base
 
@@ -227,6 +234,25 @@ def test_a_function_level_reexported_import_is_seen():
         (5, "headscope.sweeps.store"),
         (6, "headscope.capture.batch"),
     ]
+
+
+def test_a_package_importing_a_name_from_itself_is_the_package(tmp_path, monkeypatch):
+    """``from headscope.pkg import missing`` inside pkg/__init__.py (a submodule not there yet) ends."""
+    package = tmp_path / "headscope" / "pkg"
+    package.mkdir(parents=True)
+    (tmp_path / "headscope" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from headscope.pkg import missing\nfrom .part import name\n")
+    (package / "part.py").write_text("name = 1\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path / "headscope")
+    module_paths.cache_clear()
+    reexports.cache_clear()
+    try:
+        assert resolve_name("headscope.pkg", "name") == "headscope.pkg.part"
+        assert resolve_name("headscope.pkg", "missing") == "headscope.pkg"
+    finally:
+        module_paths.cache_clear()
+        reexports.cache_clear()
 
 
 def test_the_cycle_finder_finds_a_circle_and_names_its_lines():
