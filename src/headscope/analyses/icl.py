@@ -49,7 +49,18 @@ from headscope.verdicts.stats import bootstrap_ratio
 from .base import ProgressFactory, RepeatSpec, Report, _sections, model_batches
 from .checks import Check, _one_check, _too_many
 from .induction import induction
-from .protocol import HELP_BATCH, HELP_DRAWS, Analysis, Outcome, Output, Stats, option, register
+from .protocol import (
+    ENTRY,
+    HELP_BATCH,
+    HELP_DRAWS,
+    Analysis,
+    Outcome,
+    Output,
+    Stats,
+    option,
+    register,
+    spelled,
+)
 
 DEFAULT_TEXTS = ("retrieval/haystack-en.txt", "retrieval/haystack-zh.txt")
 FV_DATA = "icl-tasks"
@@ -236,12 +247,19 @@ def _specials(loaded: LoadedModel) -> tuple[list[int], list[int]]:
 def read_texts(path: str | Path) -> list[str]:
     """A text file's texts: paragraphs separated by blank lines (file:line errors)."""
     path = Path(path)
+    takes = "give a UTF-8 text file: texts are paragraphs separated by blank lines"
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file", hint="--text takes a UTF-8 text file") from None
+        raise InputError(f"{path}: no such file", hint=takes) from None
+    except IsADirectoryError:
+        raise InputError(f"{spelled('text', str(path))}: a folder, not a text file", hint=takes) from None
     except UnicodeDecodeError as exc:
-        raise PromptSetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise PromptSetError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", hint="re-save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})", hint=takes) from None
     texts = [p.strip() for p in re.split(r"\n\s*\n", raw.replace("\r\n", "\n")) if p.strip()]
     if not texts:
         raise PromptSetError(f"{path}: no text", hint="texts are paragraphs separated by blank lines")
@@ -257,30 +275,67 @@ def default_texts() -> list[tuple[str, str]]:
     return out
 
 
-def text_windows(
-    loaded: LoadedModel, sources: Sequence[tuple[str, str]], context: int, needed: int | None = None
-) -> tuple[list[list[int]], list[list[bool]], list[str]]:
-    """Token windows of ``context`` tokens (plus BOS) from each text: a text longer than ``context``
-    is cut into consecutive windows. A window shorter than ``needed`` tokens (the late end and its
-    window) is left out while at least two windows reach it, so that one short tail does not move the
-    late end for every text; otherwise every window is kept and the late end moves (said in the output)."""
+def _check_context(loaded: LoadedModel, context: int) -> None:
     prefix, suffix = _specials(loaded)
     limit = loaded.max_positions
     if limit is not None and context + len(prefix) + len(suffix) > limit:
         raise InputError(
-            f"--context {context} does not fit the model's context of {limit} tokens",
-            hint=f"use --context {limit - len(prefix) - len(suffix)} or less",
+            f"{spelled('context', context)} does not fit the model's context of {limit} tokens",
+            hint=f"use {spelled('context', limit - len(prefix) - len(suffix))} or less",
         )
+
+
+def text_windows(
+    loaded: LoadedModel,
+    sources: Sequence[tuple[str, str]],
+    context: int,
+    needed: int | None = None,
+    *,
+    notes: list[str] | None = None,
+) -> tuple[list[list[int]], list[list[bool]], list[str]]:
+    """Token windows of ``context`` tokens (plus BOS) from each text: a text longer than ``context``
+    is cut into consecutive windows. A window shorter than ``needed`` tokens (the late end and its
+    window) is left out while at least two windows reach it, so that one short tail does not move the
+    late end for every text; otherwise every window is kept and the late end moves (said in the output).
+    What was left out is said in ``notes``."""
+    prefix, suffix = _specials(loaded)
+    _check_context(loaded, context)
     pieces = []
-    for name, text in sources:
+    for index, (name, text) in enumerate(sources):
         ids = list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
         for start in range(0, len(ids), context):
-            pieces.append((f"{name}#{start // context + 1}", ids[start : start + context]))
-    if needed is not None and sum(len(p) >= needed for _, p in pieces) >= 2:
-        pieces = [(n, p) for n, p in pieces if len(p) >= needed]
+            pieces.append((index, f"{name}#{start // context + 1}", ids[start : start + context]))
+    if needed is not None and sum(len(p) >= needed for _, _, p in pieces) >= 2:
+        kept = [(i, n, p) for i, n, p in pieces if len(p) >= needed]
+        if notes is not None and len(kept) < len(pieces):
+            notes.append(_short_windows_note(pieces, kept, len(sources), needed))
+        pieces = kept
+    pieces = [(n, p) for _, n, p in pieces]
     sequences = [prefix + piece + suffix for _, piece in pieces]
     specials = [[True] * len(prefix) + [False] * len(piece) + [True] * len(suffix) for _, piece in pieces]
     return sequences, specials, [n for n, _ in pieces]
+
+
+def _short_windows_note(
+    pieces: list[tuple[int, str, list[int]]],
+    kept: list[tuple[int, str, list[int]]],
+    n_texts: int,
+    needed: int,
+) -> str:
+    """ "2 of 5 texts left out of the ICL score, shorter than 43 tokens ...": the texts none of whose
+    windows reach the late end, and the short last windows of longer texts."""
+    texts_kept = {i for i, _, _ in kept}
+    gone = n_texts - len(texts_kept)
+    tails = len(pieces) - len(kept) - sum(1 for i, _, _ in pieces if i not in texts_kept)
+    said = []
+    if gone:
+        said.append(f"{gone} of {n_texts} text(s)")
+    if tails:
+        said.append(f"{tails} last window(s) of longer texts")
+    return (
+        f"{' and '.join(said)} left out of the ICL score: shorter than {needed} tokens "
+        "(the late token and its window)"
+    )
 
 
 class PositionLoss:
@@ -301,6 +356,23 @@ class PositionLoss:
             self.loss[example, tokens[keep]] = losses[row, positions[keep] - 1]
 
 
+def score_positions(first: int, last: int, early: int, late: int, window: int) -> tuple[int, int]:
+    """The (early, late) token positions compared when every text has tokens ``first..last``: the
+    late end moves down to what the texts allow; refused when nothing is left to compare."""
+    used_late = min(late, last - window)
+    used_early = max(early, first + window)
+    if used_late - window <= used_early + window:
+        cli = ENTRY.get() == "cli"
+        raise InputError(
+            f"the texts allow tokens {first}..{last}: too short to compare token {late} with token {early} "
+            f"over ±{window} positions",
+            hint="give longer texts (--text), a smaller --early, --late or --window"
+            if cli
+            else "give longer texts (text=), a smaller early=, late= or window=",
+        )
+    return used_early, used_late
+
+
 def icl_score(loss: np.ndarray, early: int, late: int, window: int, n_resamples: int, seed: int) -> ICLScore:
     """The score from per-text losses ``[texts, positions]``: the late end moves to the last position
     every text has (with its window) when the texts are shorter than ``late + window``."""
@@ -312,14 +384,7 @@ def icl_score(loss: np.ndarray, early: int, late: int, window: int, n_resamples:
         )
     last = int(full.max()) + 1  # 1-based: every text has tokens up to here
     first = int(full.min()) + 1
-    used_late = min(late, last - window)
-    used_early = max(early, first + window)
-    if used_late - window <= used_early + window:
-        raise InputError(
-            f"the texts allow tokens {first}..{last}: too short to compare token {late} with token {early} "
-            f"over ±{window} positions",
-            hint="give longer texts (--text), a smaller --early, --late or --window",
-        )
+    used_early, used_late = score_positions(first, last, early, late, window)
 
     def around(position: int) -> np.ndarray:
         return loss[:, position - 1 - window : position + window].mean(1)
@@ -429,7 +494,12 @@ def build_prompts(
     for q in data.queries if queries is None else queries:
         rng = random.Random(f"{seed}:{data.task.name}:{q}:{shots}")
         others = [i for i in range(len(data.pairs)) if i != q]
-        demos = [data.pairs[i] for i in rng.sample(others, min(shots, len(others)))]
+        if shots > len(others):  # check_loaded refuses this first; never report fewer as k-shot
+            raise InputError(
+                f"{shots}-shot prompts: task '{data.task.name}' has {len(data.pairs)} usable pairs, "
+                f"so its prompts hold at most {len(others)} demonstrations beside the query"
+            )
+        demos = [data.pairs[i] for i in rng.sample(others, shots)]
         if shuffled and len(demos) > 1:
             answers = [d.y for d in demos]
             for _ in range(10):  # a permutation that moves every answer, where one exists
@@ -656,9 +726,11 @@ def parse_shots(value: str) -> list[int]:
     try:
         shots = sorted({int(s) for s in str(value).split(",") if s.strip()})
     except ValueError:
-        raise InputError(f"--shots {value}: give shot counts separated by commas, e.g. 0,1,5,10") from None
+        raise InputError(
+            f"{spelled('shots', value)}: give shot counts separated by commas, e.g. 0,1,5,10"
+        ) from None
     if not shots or min(shots) < 0:
-        raise InputError(f"--shots {value}: give shot counts of 0 or more, e.g. 0,1,5,10")
+        raise InputError(f"{spelled('shots', value)}: give shot counts of 0 or more, e.g. 0,1,5,10")
     return shots
 
 
@@ -728,6 +800,53 @@ class ICLInputs:
     shots: list[int]
 
 
+def _check_positions(options: ICLOptions) -> None:
+    """Refuse an early token, window and context that leave no late token to compare with (the
+    texts can only shorten the windows; see :func:`icl_score`)."""
+    late = min(options.late, options.context - options.window)
+    early = max(options.early, 1 + options.window)
+    if late - options.window <= early + options.window:
+        raise InputError(
+            f"{spelled('context', options.context)} leaves no late token to compare with "
+            f"{spelled('early', options.early)} over {spelled('window', options.window)}: the late token "
+            f"must come more than {2 * options.window} tokens after token {early}",
+            hint="give a larger --context, or a smaller --early or --window"
+            if ENTRY.get() == "cli"
+            else "give a larger context=, or a smaller early= or window=",
+        )
+
+
+def _check_pairs(name: str, usable: int, total: int, shots: list[int], options: ICLOptions) -> None:
+    """A k-shot prompt holds k demonstrations and a query, each a different pair of the task: a
+    shot count the task cannot fill is refused (a reported k-shot accuracy has k demonstrations)."""
+    have = (
+        f"{usable} usable pairs (of {total}: the others' answers are not one token for this tokenizer)"
+        if usable < total
+        else f"{usable} pairs"
+    )
+    most = usable - 1
+    if max(shots) > most:
+        raise InputError(
+            f"{spelled('shots', options.shots)}: task '{name}' has {have}, so its prompts hold at most "
+            f"{most} demonstrations beside the query",
+            hint=f"ask for {most} shots or fewer, or add pairs to the task",
+        )
+    if not (options.fv and options.tasks != "none"):
+        return
+    if options.fv_shots > most:
+        raise InputError(
+            f"{spelled('fv_shots', options.fv_shots)}: task '{name}' has {have}, so its prompts hold at "
+            f"most {most} demonstrations beside the query",
+            hint=f"give {spelled('fv_shots', most)} or less, or add pairs to the task",
+        )
+    if options.fv_prompts >= usable:
+        raise InputError(
+            f"{spelled('fv_prompts', options.fv_prompts)}: task '{name}' has {have}; the AIE's "
+            "shuffled-label prompts need queries other than the clean prompts' ones",
+            hint=f"give {spelled('fv_prompts', max(2, usable // 2))}, or add pairs to the task",
+        )
+
+
 def _progress(progress: ProgressFactory | None, name: str, total: int) -> Callable[[int], None]:
     return progress(name, total) if progress else (lambda _n: None)
 
@@ -743,7 +862,12 @@ def run_icl(
         )
     # 1. the ICL score
     needed = min(options.context, options.late + options.window)
-    sequences, specials, names = text_windows(loaded, inputs.texts, options.context, needed)
+    sequences, specials, names = text_windows(loaded, inputs.texts, options.context, needed, notes=notes)
+    # Texts too short for the score are refused here, before the forward passes (icl_score would).
+    if not sequences:
+        raise InputError("the texts hold no tokens for this tokenizer", hint="give other texts (--text)")
+    shortest = min(sum(not special for special in row) for row in specials)
+    score_positions(1, shortest, options.early, options.late, options.window)
     advance = _progress(progress, "texts", 1)
     losses = text_losses(loaded, sequences, specials, options.context, options.batch_size)
     advance(1)
@@ -757,6 +881,12 @@ def run_icl(
         if count and name not in left_out:
             notes.append(
                 f"{name}: {count} pair(s) left out, their answer is not one token for this tokenizer"
+            )
+    for data in tasks:
+        if len(data.queries) < options.queries:
+            notes.append(
+                f"{data.task.name}: {len(data.queries)} queries, one per usable pair "
+                f"(asked {spelled('queries', options.queries)})"
             )
     accuracy: list[ShotAccuracy] = []
     per_shot: dict[int, list[np.ndarray]] = {}
@@ -846,18 +976,29 @@ def function_vector_heads(
         means[data.task.name] = found
         advance(1)
         accuracy = float(found.correct.mean())
-        if accuracy < options.min_accuracy or not corrupt_q:
+        if accuracy < options.min_accuracy:
             notes.append(
-                f"{data.task.name}: clean {options.fv_shots}-shot accuracy {accuracy:.2f} < --min-accuracy "
-                f"{options.min_accuracy:g}; left out of the AIE"
+                f"{data.task.name}: clean {options.fv_shots}-shot accuracy {accuracy:.2f} < "
+                f"{spelled('min_accuracy', options.min_accuracy)}; left out of the AIE"
             )
+            continue
+        if len(corrupt_q) < options.fv_prompts:
+            # check_loaded refuses a task with none; fewer than asked is said, not hidden
+            notes.append(
+                f"{data.task.name}: {len(corrupt_q)} shuffled-label prompts, not "
+                f"{spelled('fv_prompts', options.fv_prompts)}: its {len(data.pairs)} usable pairs leave "
+                f"{len(corrupt_q)} queries besides the {len(clean_q)} clean prompts'"
+            )
+        if not corrupt_q:
             continue
         corrupted = build_prompts(loaded, data, options.fv_shots, seed + 2, shuffled=True, queries=corrupt_q)
         tick = _progress(progress, f"AIE {data.task.name}", len(corrupted))
         effects.append(indirect_effects(loaded, corrupted, found.raw, tick))
         chosen.append(data.task.name)
     if not effects:
-        notes.append("no task reached --min-accuracy: no function-vector heads")
+        notes.append(
+            f"no task reached {spelled('min_accuracy', options.min_accuracy)}: no function-vector heads"
+        )
         return None, [], means
     sums = torch.cat(effects)  # [N, L, H]: every corrupted prompt of every chosen task
     n = sums.shape[0]
@@ -1097,7 +1238,10 @@ class ICL(Analysis):
         check_common(options)
         shots = parse_shots(options.shots)
         if options.late <= options.early:
-            raise InputError(f"--late {options.late} must be after --early {options.early}")
+            raise InputError(
+                f"{spelled('late', options.late)} must be after {spelled('early', options.early)}"
+            )
+        _check_positions(options)
         if options.text is not None:
             path = Path(options.text)
             texts = [(f"{path}:{i + 1}", t) for i, t in enumerate(read_texts(path))]
@@ -1105,10 +1249,8 @@ class ICL(Analysis):
             texts = default_texts()
         specs = _task_specs(options.tasks)
         tasks = [] if specs == [] else load_tasks(specs)
-        if tasks and max(shots) + 1 > min(len(t.pairs) for t in tasks):
-            raise InputError(
-                f"--shots {max(shots)}: a task has only {min(len(t.pairs) for t in tasks)} pairs"
-            )
+        for task in tasks:  # the pairs in the file; check_loaded counts those this tokenizer can use
+            _check_pairs(task.name, len(task.pairs), len(task.pairs), shots, options)
         if options.verify and not (options.fv and tasks):
             raise InputError(
                 "--verify compares induction with function-vector heads", hint="keep --fv and some --tasks"
@@ -1122,10 +1264,17 @@ class ICL(Analysis):
             )
         if options.fv and options.tasks != "none":
             _too_many(loaded, options.k, "k", "a random control of the same size")
-        # Each task's answers must be single tokens for this tokenizer: refused before any forward pass.
+        # Each task's answers must be single tokens for this tokenizer, and each task must hold the
+        # demonstrations asked for: refused before any forward pass.
         specs = _task_specs(options.tasks)
         if specs != []:
-            prepare_tasks(loaded, load_tasks(specs), options.queries, options.seed, strict=specs is not None)
+            found, _, _ = prepare_tasks(
+                loaded, load_tasks(specs), options.queries, options.seed, strict=specs is not None
+            )
+            shots = parse_shots(options.shots)
+            for data in found:
+                _check_pairs(data.task.name, len(data.pairs), len(data.task.pairs), shots, options)
+        _check_context(loaded, options.context)
 
     def views(self, loaded: Any, options: ICLOptions) -> tuple[str, ...]:
         # The function vector is a sum of heads' writes: the per-head decomposition is checked first.

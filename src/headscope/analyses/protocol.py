@@ -288,6 +288,10 @@ def check_value(analysis: str, field: dataclasses.Field, kind: Any, value: Any, 
     where = f"{value}" if cli else f"{analysis}: {field.name}={value!r}"
     hint = None if cli else f"{flag_of(field)}: {field.metadata['help']}"
     if not ok:
+        number = {int, float} & set(typing.get_args(kind) or (kind,))
+        if cli and isinstance(value, str) and number:
+            # text from the command line that did not read as a number (see cli/params.py)
+            raise InputError(f"{value}: expected {'a number' if float in number else 'a whole number'}")
         raise InputError(f"{where}: expected {_describe(kind)}", hint=hint)
     meta = field.metadata
     if meta.get("choices") and value not in meta["choices"]:

@@ -49,6 +49,12 @@ def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Param
     flags = flag_of(field)
     names = flags if isinstance(flags, tuple) else (flags,)
     extra: dict[str, Any] = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
+    number = _number_kind(hints[field.name])
+    if extra and number is not None:
+        # typer would check the range itself, before our callback, and answer "Input should be less
+        # than or equal to 1" for nan; its min and max stay for the help ("[0.0<=x<=1.0]"), and the
+        # parser hands the value to check_value, which says "must be a finite number" or the range.
+        extra["parser"] = _number_parser(number)
     extra["callback"] = _callback(field, hints[field.name])
     option = typer.Option(*names, help=meta.get("help"), **extra)
     return inspect.Parameter(
@@ -68,6 +74,27 @@ def _callback(field: dataclasses.Field, kind: Any) -> Callable[[Any], Any]:
         return value
 
     return callback
+
+
+def _number_kind(kind: Any) -> type | None:
+    """int or float for an option of that type (or that type or None), else None."""
+    members = [k for k in typing.get_args(kind) if k is not type(None)] if typing.get_args(kind) else [kind]
+    return members[0] if len(members) == 1 and members[0] in (int, float) else None
+
+
+def _number_parser(number: type) -> Callable[[Any], Any]:
+    """Text to ``number`` where it reads as one; anything else is passed on unchanged, for the
+    callback's check to refuse in words ("x: expected a number")."""
+
+    def parse(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return number(value)
+        except ValueError:
+            return value
+
+    return parse
 
 
 def _plain(value: Any) -> Any:
