@@ -217,6 +217,16 @@ class Analysis:
     def run(self, loaded: Any, options: Any, prepared: Any, progress: ProgressFactory | None) -> Outcome:
         raise NotImplementedError
 
+    # --- presentation: what the analysis shows beyond the generic tables, beside its own code ---
+    def present(self, result: Any, console: Any, top: int) -> None:
+        """Print what this analysis adds for people after the generic tables and checks (a rich
+        ``Console``; ``top``: the command's --top). Nothing by default."""
+        return None
+
+    def html_section(self, result: Any) -> str | None:
+        """This analysis' own section of the HTML report (an HTML fragment), or None."""
+        return None
+
     def wants_verify(self, options: Any) -> bool:
         """Whether the options ask for the causal check (--verify, --ablate K)."""
         return bool(getattr(options, "verify", False))

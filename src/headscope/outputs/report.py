@@ -919,5 +919,6 @@ def print_result(result: Any, console: Console, top: int, start: int = 0) -> Non
         spaced=analysis.spaced_checks,
         top=top,
     )
-    if analysis.json_roles:
+    if analysis.json_roles and "rule" in state:
         print_role_map(result.report, console, state["rule"].describe())
+    analysis.present(result, console, top)

@@ -1,0 +1,242 @@
+"""``headscope describe``: every head's attention as a short mixture of named templates, fitted on
+one split of the texts and measured on another.
+
+This package holds the whole analysis: the template library (:mod:`.templates`), the texts and
+their split (:mod:`.texts`), the streamed statistics, fit and measure (:mod:`.fit`), the atlas
+(:mod:`.atlas`), and its presentation (:mod:`.present`: the terminal table and the HTML card). It
+registers through the public declaration a plugin uses and imports nothing a plugin could not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headscope import capture
+from headscope.analyses.base import Report, _detectors_for, _sections, check_context, model_batches
+from headscope.analyses.protocol import (
+    Analysis,
+    Outcome,
+    Output,
+    Stats,
+    check_common,
+    option,
+    register,
+    split_names,
+)
+from headscope.errors import InputError
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import assign_roles
+
+from .atlas import Atlas, build_atlas
+from .fit import EvalStats, FitStats, TemplateMaps, fit
+from .templates import TEMPLATES, Template, Text, chosen_templates
+from .texts import LANGS, balanced, shipped_sources, user_text_sources, user_treebank_sources, windows
+
+__all__ = ["TEMPLATES", "Atlas", "Describe", "DescribeOptions", "Template", "Text"]
+
+
+@dataclass(kw_only=True)
+class DescribeOptions(Stats):
+    context: int = option(384, "Tokens per text window (BOS first; CLS ... SEP for encoders).", min=16)
+    lang: str = option(
+        "en,zh",
+        "Languages of the shipped texts to fit on and evaluate on (comma list: en, zh).",
+        check=lambda value: _check_langs(value),
+    )
+    eval_text: Path | None = option(
+        None,
+        "Evaluate on this UTF-8 text file instead of the shipped evaluation split: paragraphs separated "
+        "by blank lines, each cut into --context windows (as icl --text).",
+    )
+    eval_treebank: Path | None = option(
+        None, "Evaluate on this CoNLL-U treebank (its parses feed the dep-head and dep-child templates)."
+    )
+    windows: int = option(
+        24,
+        "At most this many windows per split (fit and evaluation), taken in turn from each source; 0: all.",
+        min=0,
+    )
+    templates: str | None = option(
+        None, "Describe with only these templates (comma list); default: the whole library."
+    )
+    max_templates: int = option(4, "At most this many templates per query class.", min=1, max=4)
+    conditioning: bool = option(
+        True,
+        "Let a head's description depend on the query's class where that fits the fit split better.",
+        flag="--conditioning/--no-conditioning",
+    )
+    batch_size: int = option(4, "Windows per forward pass.", min=1)
+
+
+def _check_langs(value: str) -> None:
+    names = split_names(value) or []
+    unknown = [n for n in names if n not in LANGS]
+    if not names or unknown:
+        raise InputError(f"--lang {value}: choose from {', '.join(LANGS)} (comma list)")
+
+
+@dataclass
+class DescribeInputs:
+    fit_sources: list[Any]
+    eval_sources: list[Any]
+    eval_from: str
+    templates: list[str] | None
+
+
+def _pass(
+    loaded: Any,
+    texts: list[Text],
+    readers: list[Any],
+    detectors: list[Any],
+    batch: int,
+    progress: Any,
+    label: str,
+) -> list[Any]:
+    """One streamed pass over ``texts``: every chunk of every layer to each reader and detector."""
+    sequences = [t.ids for t in texts]
+    specials = [t.special for t in texts]
+    batches = model_batches(loaded, sequences, specials, batch)
+    for detector in detectors:
+        detector.start(loaded.layout, len(texts))
+
+    def on_layer(layer: int, attn: Any, found: capture.Batch, q_start: int) -> None:
+        for reader in readers:
+            reader.update(layer, attn, found, q_start)
+        for detector in detectors:
+            detector.update(layer, attn, found, q_start)
+
+    def on_layer_done(layer: int, found: capture.Batch) -> None:
+        for detector in detectors:
+            detector.end_layer(layer, found)
+
+    advance = progress(label, len(texts)) if progress else None
+    capture.run(
+        loaded,
+        batches,
+        on_layer,
+        on_layer_done=on_layer_done,
+        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+    )
+    return batches
+
+
+@register
+class Describe(Analysis):
+    name = "describe"
+    summary = (
+        "Every head's attention as a short mixture of named patterns (templates), fitted on one split of "
+        "the texts and measured on another: what each head looks at, and how much that explains."
+    )
+    options = DescribeOptions
+    print_sections = False
+    json_roles = True
+    sweepable = True
+    outputs = (
+        Output(
+            "--html",
+            "Write a self-contained HTML page of every head's card.",
+            lambda r, p, f: describe_html(r, p, f),
+            first=True,
+        ),
+    )
+
+    def check(self, options: DescribeOptions) -> DescribeInputs:
+        check_common(options)
+        names = split_names(options.templates)
+        if names is not None:
+            chosen_templates(True, names)  # unknown names are refused here
+            if not names:
+                raise InputError(
+                    "--templates is empty", hint="name at least one template, or drop --templates"
+                )
+        langs = split_names(options.lang) or list(LANGS)
+        fit_sources = shipped_sources("fit", langs)
+        if options.eval_text is not None and options.eval_treebank is not None:
+            raise InputError("give --eval-text or --eval-treebank, not both")
+        if options.eval_text is not None:
+            eval_sources, eval_from = user_text_sources(options.eval_text), str(options.eval_text)
+        elif options.eval_treebank is not None:
+            eval_sources, eval_from = user_treebank_sources(options.eval_treebank), str(options.eval_treebank)
+        else:
+            eval_sources, eval_from = shipped_sources("eval", langs), "the shipped evaluation split"
+        return DescribeInputs(fit_sources, eval_sources, eval_from, names)
+
+    def check_loaded(self, loaded: Any, options: DescribeOptions) -> None:
+        extra = 1 if loaded.is_causal else 2
+        check_context(loaded, options.context + extra, f"--context {options.context} (with special tokens)")
+
+    def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
+        limit = options.windows or None
+        fit_texts = balanced(windows(loaded, prepared.fit_sources, options.context), limit)
+        eval_texts = balanced(windows(loaded, prepared.eval_sources, options.context), limit)
+        if len(eval_texts) < 2:
+            raise InputError(
+                f"{prepared.eval_from}: {len(eval_texts)} window of text to evaluate on; the intervals need at least 2",
+                hint="give a longer text, or a smaller --context",
+            )
+        templates = chosen_templates(loaded.is_causal, prepared.templates)
+        layout = loaded.layout
+        n_layers, n_heads = layout.n_layers, layout.n_heads
+
+        fit_maps = TemplateMaps(templates, fit_texts)
+        stats = FitStats(fit_maps, fit_texts, n_layers, n_heads)
+        _pass(loaded, fit_texts, [stats], [], options.batch_size, progress, "describe: fit")
+        fitted = fit(stats, max_templates=options.max_templates, conditioning=options.conditioning)
+
+        eval_maps = TemplateMaps(templates, eval_texts)
+        measured = EvalStats(eval_maps, eval_texts, fitted, n_layers, n_heads)
+        detectors = _detectors_for("text", None)
+        batches = _pass(
+            loaded, eval_texts, [measured], detectors, options.batch_size, progress, "describe: evaluate"
+        )
+        results = [r for d in detectors for r in d.results("describe-eval")]
+        table = assign_roles(
+            head_table(results, layout, loaded.name, n_resamples=options.resamples, seed=options.seed)
+        )
+        found = build_atlas(
+            loaded,
+            templates,
+            fitted,
+            measured,
+            table,
+            fit_texts=fit_texts,
+            eval_texts=eval_texts,
+            eval_from=prepared.eval_from,
+            n_resamples=options.resamples,
+            seed=options.seed,
+        )
+        notes = uncertainty_notes(results, options.resamples) + found.notes
+        report = Report(
+            loaded.name,
+            table,
+            _sections(results, {"describe-eval": f"{prepared.eval_from} ({len(eval_texts)} windows)"}),
+            loaded.capture_mode,
+            notes=notes,
+            results=results,
+            inputs={"describe-eval": batches},
+            layout=layout,
+        )
+        report.measures.update(found.measures())
+        return Outcome(report, state={"atlas": found})
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        return {"atlas": outcome.state["atlas"].to_json()}
+
+    def present(self, result: Any, console: Any, top: int) -> None:
+        from .present import print_atlas
+
+        print_atlas(result.state["atlas"], console, top)
+
+    def html_section(self, result: Any) -> str | None:
+        from .present import atlas_html
+
+        return atlas_html(result.state["atlas"])
+
+
+def describe_html(result: Any, path: Path, force: bool) -> str:
+    """``--html``: every head's card as one self-contained page."""
+    from .present import write_html
+
+    return write_html(result, path, force)

@@ -1,0 +1,304 @@
+"""The atlas: one versioned JSON document per model, a card per head.
+
+Schema ``headscope-atlas/1`` (documented, with its JSON Schema, in ``docs/reference/outputs.md``):
+``model``, ``layout``, ``fit`` and ``evaluation`` (what each split read), ``templates`` (name, kind,
+summary), ``explained`` and ``explained_off_first`` (the model's evaluation shares with 95%
+intervals), ``explained_unconditioned`` (the same with every head's pooled description, to show
+what conditioning on the query's class adds), ``by_layer`` (how many heads of each dominant kind
+sit in each layer), and ``heads``: per head ``layer``, ``head``, ``kv_group``, ``explained``,
+``explained_off_first`` (``{value, ci_low, ci_high}``), ``first_token`` (its mean attention on the
+first token), ``left`` (1 − explained), ``components`` (``template``, ``name``, ``weight``,
+``query_class``, and ``param`` where the template has one), ``dominant``, ``dominant_kind``,
+``conditioned``, ``roles`` and ``contexts`` (its top-activating evaluation windows: the strongest
+key, off the first token, of its strongest queries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from headscope.verdicts.roles import head_roles
+
+from .fit import EvalStats, Fitted, bootstrap_shares
+from .templates import QUERY_CLASSES, Template, Text
+
+SCHEMA = "headscope-atlas/1"
+KINDS = ("position", "token", "structure", "syntax", "key-class", "other")
+SINK_SHARE = 0.5  # "sink" only for a head that puts at least this much on the first token
+
+
+def _estimate(value: float, low: float, high: float) -> dict[str, float | None]:
+    def clean(x: float) -> float | None:
+        return None if x is None or not np.isfinite(x) else round(float(x), 6)
+
+    return {"value": clean(value), "ci_low": clean(low), "ci_high": clean(high)}
+
+
+@dataclass
+class Atlas:
+    model: str
+    layout: dict[str, Any]
+    templates: list[dict[str, Any]]
+    heads: list[dict[str, Any]]
+    explained: dict[str, Any]
+    explained_off_first: dict[str, Any]
+    explained_unconditioned: dict[str, Any]
+    fit: dict[str, Any]
+    evaluation: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def by_layer(self) -> dict[str, dict[str, int]]:
+        """Per layer, how many heads have each dominant kind (the division of labour)."""
+        out: dict[str, dict[str, int]] = {}
+        for head in self.heads:
+            row = out.setdefault(str(head["layer"]), dict.fromkeys(KINDS, 0))
+            row[head["dominant_kind"]] = row.get(head["dominant_kind"], 0) + 1
+        return out
+
+    def head(self, layer: int, head: int) -> dict[str, Any]:
+        for entry in self.heads:
+            if entry["layer"] == layer and entry["head"] == head:
+                return entry
+        raise KeyError((layer, head))
+
+    def measures(self) -> dict[str, float]:
+        """Model-level numbers a sweep records by step."""
+        out = {
+            "explained": self.explained["value"],
+            "explained_ci_low": self.explained["ci_low"],
+            "explained_ci_high": self.explained["ci_high"],
+            "explained_off_first": self.explained_off_first["value"],
+        }
+        for kind in KINDS:
+            out[f"dominant_{kind}"] = float(sum(h["dominant_kind"] == kind for h in self.heads))
+        return {k: v for k, v in out.items() if v is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "layout": self.layout,
+            "fit": self.fit,
+            "evaluation": self.evaluation,
+            "templates": self.templates,
+            "explained": self.explained,
+            "explained_off_first": self.explained_off_first,
+            "explained_unconditioned": self.explained_unconditioned,
+            "by_layer": self.by_layer(),
+            "heads": self.heads,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Atlas:
+        if data.get("schema") != SCHEMA:
+            from headscope.errors import InputError
+
+            raise InputError(f"not an atlas of schema {SCHEMA} (schema {data.get('schema')!r})")
+        keys = ("model", "layout", "templates", "heads", "explained", "explained_off_first")
+        return cls(
+            **{k: data[k] for k in keys},
+            explained_unconditioned=data.get("explained_unconditioned", {}),
+            fit=data.get("fit", {}),
+            evaluation=data.get("evaluation", {}),
+            notes=list(data.get("notes", [])),
+        )
+
+
+def describe_components(components: Sequence[dict[str, Any]], digits: int = 2) -> str:
+    """ "0.62 sink + 0.30 offset-1" or, per class, "on punctuation: 0.7 offset-1; otherwise: …"."""
+
+    def part(items: Sequence[dict[str, Any]]) -> str:
+        return " + ".join(f"{c['weight']:.{digits}f} {c['name']}" for c in items) or "nothing"
+
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for c in components:
+        by_class.setdefault(c["query_class"], []).append(c)
+    if list(by_class) == ["all"]:
+        return part(by_class["all"])
+    return "; ".join(f"on {cls}: {part(items)}" for cls, items in by_class.items())
+
+
+def _components(
+    weights: np.ndarray, conditioned: bool, templates: Sequence[Template]
+) -> list[dict[str, Any]]:
+    """``weights [C, T]`` -> the component list (one class "all" when not conditioned)."""
+
+    def of(row: np.ndarray, query_class: str) -> list[dict[str, Any]]:
+        out = []
+        for t in np.argsort(-row):
+            if row[t] <= 0:
+                break
+            entry = {
+                "template": templates[t].reported,
+                "name": templates[t].name,
+                "weight": round(float(row[t]), 4),
+                "query_class": query_class,
+            }
+            if templates[t].param is not None:
+                entry["param"] = templates[t].param
+            out.append(entry)
+        return out
+
+    if not conditioned:
+        return of(weights[0], "all")
+    found = []
+    for c, name in enumerate(QUERY_CLASSES):
+        found += of(weights[c], name)
+    return found
+
+
+def _contexts(
+    measured: EvalStats,
+    texts: Sequence[Text],
+    layer: int,
+    head: int,
+    off_first: np.ndarray,
+    n: int = 3,
+    arrows: int = 5,
+) -> list[dict[str, Any]]:
+    """The ``n`` evaluation windows where the head's off-first-token attention is largest, each
+    with its ``arrows`` strongest query -> key pairs (the strongest key off the first token)."""
+    out = []
+    for e in np.argsort(-off_first)[:n]:
+        text = texts[int(e)]
+        keys = measured.strongest[int(e)][layer, head].numpy()
+        weights = measured.strongest_weight[int(e)][layer, head].float().numpy()
+        real = text.content.copy()
+        real[0] = False
+        order = [q for q in np.argsort(-weights) if real[q]][:arrows]
+        out.append(
+            {
+                "window": text.name,
+                "off_first": round(float(off_first[int(e)]), 4),
+                "arrows": [
+                    {
+                        "query": int(q),
+                        "key": int(keys[q]),
+                        "weight": round(float(weights[q]), 4),
+                        "query_token": text.pieces[q],
+                        "key_token": text.pieces[int(keys[q])] if 0 <= keys[q] < len(text) else "",
+                        "before": "".join(text.pieces[max(1, int(keys[q]) - 6) : int(keys[q])]),
+                        "between": "".join(text.pieces[int(keys[q]) + 1 : q])[-60:],
+                    }
+                    for q in order
+                ],
+            }
+        )
+    return out
+
+
+def build_atlas(
+    loaded: Any,
+    templates: Sequence[Template],
+    fitted: Fitted,
+    measured: EvalStats,
+    table: pd.DataFrame,
+    *,
+    fit_texts: Sequence[Text],
+    eval_texts: Sequence[Text],
+    eval_from: str,
+    n_resamples: int,
+    seed: int,
+) -> Atlas:
+    layout = loaded.layout
+    explained, ex_low, ex_high, model_ex, model_ex_ci = bootstrap_shares(
+        measured.explained, measured.counts, n_resamples, seed
+    )
+    off, off_low, off_high, model_off, model_off_ci = bootstrap_shares(
+        measured.off_explained, measured.off_total, n_resamples, seed
+    )
+    plain, _, _, model_plain, model_plain_ci = bootstrap_shares(
+        measured.explained_plain, measured.counts, n_resamples, seed
+    )
+    first = measured.first.sum(0).numpy() / max(float(measured.counts.sum()), 1e-12)
+    counts = measured.counts.numpy()
+    roles = head_roles(table) if len(table) else pd.DataFrame(columns=["layer", "head", "role", "secondary"])
+    role_of = {
+        (int(r.layer), int(r.head)): [x for x in [r.role, *str(r.secondary).split(";")] if x]
+        for r in roles.itertuples()
+    }
+    weights = fitted.weights.numpy()
+    class_share = fitted.class_counts.numpy() / max(float(fitted.class_counts.sum()), 1e-12)
+    heads = []
+    for layer in range(layout.n_layers):
+        for head in range(layout.n_heads):
+            w = weights[layer, head]  # [C, T]
+            conditioned = bool(fitted.conditioned[layer, head])
+            mean_w = class_share @ w
+            top = int(np.argmax(mean_w))
+            dominant = templates[top].reported if mean_w[top] > 0 else "none"
+            kind = templates[top].kind if mean_w[top] > 0 else "other"
+            if dominant == "sink" and first[layer, head] < SINK_SHARE:
+                # The first token is its largest single target but not most of its attention: name
+                # the strongest template off the first token beside it.
+                others = [t for t in np.argsort(-mean_w) if templates[t].reported != "sink" and mean_w[t] > 0]
+                if others:
+                    dominant, kind = templates[others[0]].reported, templates[others[0]].kind
+            per_window_off = 1.0 - measured.first[:, layer, head].numpy() / np.maximum(counts, 1e-12)
+            heads.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "kv_group": int(layout.kv_group(head)),
+                    "explained": _estimate(explained[layer, head], ex_low[layer, head], ex_high[layer, head]),
+                    "explained_off_first": _estimate(
+                        off[layer, head], off_low[layer, head], off_high[layer, head]
+                    ),
+                    "explained_unconditioned": round(float(plain[layer, head]), 6),
+                    "first_token": round(float(first[layer, head]), 6),
+                    "left": round(float(1 - explained[layer, head]), 6),
+                    "components": _components(w, conditioned, templates),
+                    "dominant": dominant,
+                    "dominant_kind": kind,
+                    "conditioned": conditioned,
+                    "roles": role_of.get((layer, head), []),
+                    "contexts": _contexts(measured, eval_texts, layer, head, per_window_off),
+                }
+            )
+    notes = []
+    used = {t.name for t in templates}
+    if not any(t.heads is not None for t in eval_texts) and {"dep-head", "dep-child"} & used:
+        notes.append(
+            "describe: the evaluation texts have no parse, so dep-head and dep-child say nothing there"
+        )
+    return Atlas(
+        model=loaded.name,
+        layout={
+            "layers": layout.n_layers,
+            "heads": layout.n_heads,
+            "kv_heads": layout.n_kv_heads,
+            "causal": bool(loaded.is_causal),
+        },
+        templates=[
+            {"name": t.name, "template": t.reported, "kind": t.kind, "summary": t.summary, "param": t.param}
+            for t in templates
+        ],
+        heads=heads,
+        explained=_estimate(model_ex, *model_ex_ci),
+        explained_off_first=_estimate(model_off, *model_off_ci),
+        explained_unconditioned=_estimate(model_plain, *model_plain_ci),
+        fit={
+            "windows": len(fit_texts),
+            "tokens": int(sum(len(t) for t in fit_texts)),
+            "sources": sorted({t.name.split("#")[0] for t in fit_texts}),
+            "query_classes": {
+                c: int(n) for c, n in zip(QUERY_CLASSES, fitted.class_counts.tolist(), strict=True)
+            },
+        },
+        evaluation={
+            "from": eval_from,
+            "windows": len(eval_texts),
+            "tokens": int(sum(len(t) for t in eval_texts)),
+            "queries": int(measured.counts.sum()),
+            "sources": sorted({t.name.split("#")[0] for t in eval_texts}),
+            "resamples": n_resamples,
+            "interval": "95% bootstrap over evaluation windows",
+        },
+        notes=notes,
+    )

@@ -1,0 +1,390 @@
+"""Describing heads: the streamed statistics, the fit, and the explained share.
+
+**The measure.** For head h at query q a description predicts
+``P[q, ·] = Σ_t w_t · P_t[q, ·]`` (``w_t ≥ 0``, ``Σ w_t ≤ 1``; the weights may depend on the
+query's class), where ``P_t[q, ·]`` is template t's distribution over the keys the layer's mask
+leaves visible (nothing where t has no target at q). The **explained share** at q is
+``Σ_k min(A[q, k], P[q, k])`` (1 − total variation when P sums to 1); a head's is the mean over
+its queries, the model's the mean over heads. Off the first token it is
+``Σ_q Σ_{k≥1} min(A, P) / Σ_q Σ_{k≥1} A`` (a ratio of sums over the queries, so that a query
+with almost nothing off the first token weighs almost nothing).
+
+**The fit** (fit split only). One streamed pass accumulates, per layer, query class and head,
+``b_t = Σ_q Σ_k A[q,k] P_t[q,k]`` and, per layer and class (heads share it), the Gram matrix
+``G_ts = Σ_q Σ_k P_t P_s``: the least-squares problem ``min_w ‖A − Σ w_t P_t‖²`` over the fit
+queries. Templates are chosen greedily (at most ``max_templates`` per class, each step the one
+that lowers the squared error most), the weights by projected gradient under ``w ≥ 0, Σ w ≤ 1``,
+and then scaled to sum to 1: the explained share can only grow with any weight, so a description
+that leaves weight unassigned gives away share for nothing. A head is described per query class
+when that lowers its squared error on the fit split by ``condition_gain`` (10%) or more; classes
+with fewer than ``min_class_queries`` fit queries take the head's unconditioned description.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from headscope.capture import Batch
+
+from .templates import QUERY_CLASSES, Template, Text, template_targets
+
+N_CLASSES = len(QUERY_CLASSES)
+
+
+class TemplateMaps:
+    """Each template's target weights for one chunk of a batch, built from the texts' targets
+    (``[templates, B, c, K']``), and normalised over the keys a layer's mask leaves visible."""
+
+    def __init__(self, templates: Sequence[Template], texts: Sequence[Text]) -> None:
+        self.templates = list(templates)
+        self.texts = texts
+        self._targets: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._raw: tuple[Any, torch.Tensor] | None = None
+        self._normed: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+
+    def targets(self, example: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        if example not in self._targets:
+            text = self.texts[example]
+            found = []
+            for template in self.templates:
+                q, k, w = template_targets(template, text)
+                order = np.argsort(q, kind="stable")
+                found.append((q[order], k[order], w[order]))
+            self._targets[example] = found
+        return self._targets[example]
+
+    def raw(self, batch: Batch, q_start: int, stop: int, keys: int) -> torch.Tensor:
+        key = (id(batch), q_start, stop, keys)
+        if self._raw is not None and self._raw[0] == key:
+            return self._raw[1]
+        rows = batch.input_ids.shape[0]
+        out = torch.zeros(len(self.templates), rows, stop - q_start, keys, dtype=torch.float32)
+        for row, example in enumerate(batch.example_index.tolist()):
+            for t, (q, k, w) in enumerate(self.targets(example)):
+                lo, hi = np.searchsorted(q, q_start), np.searchsorted(q, stop)
+                if hi <= lo:
+                    continue
+                qq, kk, ww = q[lo:hi], k[lo:hi], w[lo:hi]
+                inside = kk < keys
+                out[t, row].index_put_(
+                    (torch.from_numpy(qq[inside] - q_start), torch.from_numpy(kk[inside])),
+                    torch.from_numpy(ww[inside]).float(),
+                    accumulate=True,
+                )
+        self._raw = (key, out)
+        self._normed = []
+        return out
+
+    def normalised(self, batch: Batch, q_start: int, stop: int, keys: int) -> tuple[torch.Tensor, int, bool]:
+        """``(P [templates, B, c, K'], which, new)``: the distributions under this layer's mask.
+        ``which`` numbers the distinct masks seen for this chunk (layers with the same mask share
+        one); ``new`` is True the first time a mask is seen."""
+        raw = self.raw(batch, q_start, stop, keys)
+        visible = batch.visible(q_start, stop, keys)
+        for which, (seen, _, normed) in enumerate(self._normed):
+            if seen.shape == visible.shape and torch.equal(seen, visible):
+                return normed, which, False
+        masked = raw * visible[None].to(raw.dtype)
+        total = masked.sum(-1, keepdim=True)
+        normed = torch.where(total > 0, masked / total.clamp(min=1e-30), masked)
+        self._normed.append((visible.clone(), total, normed))
+        return normed, len(self._normed) - 1, True
+
+
+def query_classes(batch: Batch, texts: Sequence[Text], q_start: int, stop: int) -> torch.Tensor:
+    """``[B, c]`` each query's class (-1: not a query: special, padding, or position 0)."""
+    key = f"describe-classes:{q_start}:{stop}"
+    if key not in batch._cache:
+        rows = batch.input_ids.shape[0]
+        out = torch.full((rows, stop - q_start), -1, dtype=torch.long)
+        for row, example in enumerate(batch.example_index.tolist()):
+            classes = texts[example].query_classes()
+            part = classes[q_start:stop]
+            out[row, : len(part)] = torch.from_numpy(part)
+        if q_start == 0:
+            out[:, 0] = -1
+        batch._cache[key] = out
+    return batch._cache[key]
+
+
+class FitStats:
+    """The least-squares statistics of the fit split, streamed per chunk."""
+
+    def __init__(self, maps: TemplateMaps, texts: Sequence[Text], n_layers: int, n_heads: int) -> None:
+        n_t = len(maps.templates)
+        self.maps, self.texts = maps, texts
+        self.b = torch.zeros(n_layers, N_CLASSES, n_heads, n_t, dtype=torch.float64)
+        self.gram = torch.zeros(n_layers, N_CLASSES, n_t, n_t, dtype=torch.float64)
+        self.sq = torch.zeros(n_layers, N_CLASSES, n_heads, dtype=torch.float64)
+        self.counts = torch.zeros(N_CLASSES, dtype=torch.float64)
+        self.hits = torch.zeros(N_CLASSES, n_t, dtype=torch.float64)  # queries where t has a target
+        self._grams: dict[tuple[Any, int], torch.Tensor] = {}
+        self._first_layer: int | None = None
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int) -> None:
+        stop = q_start + attn.shape[2]
+        keys = attn.shape[3]
+        probs, which, new = self.maps.normalised(batch, q_start, stop, keys)
+        classes = query_classes(batch, self.texts, q_start, stop)
+        onehot = torch.nn.functional.one_hot(classes.clamp(min=0), N_CLASSES).double()
+        onehot = onehot * (classes >= 0)[..., None].double()  # [B, c, C]
+        a = attn.float()
+        b = torch.einsum("bhqk,tbqk->bqht", a, probs).double()
+        self.b[layer] += torch.einsum("bqc,bqht->cht", onehot, b)
+        self.sq[layer] += torch.einsum("bqc,bhq->ch", onehot, a.pow(2).sum(-1).double())
+        key = (id(batch), q_start, which)
+        if new or key not in self._grams:
+            gram = torch.einsum("tbqk,sbqk->bqts", probs, probs).double()
+            self._grams = {k: v for k, v in self._grams.items() if k[0] == id(batch) and k[1] == q_start}
+            self._grams[key] = torch.einsum("bqc,bqts->cts", onehot, gram)
+        self.gram[layer] += self._grams[key]
+        if self._first_layer is None:
+            self._first_layer = layer
+        if layer == self._first_layer:
+            self.counts += onehot.sum((0, 1))
+            has = (probs.sum(-1) > 0).double()  # [t, B, c]
+            self.hits += torch.einsum("bqc,tbq->ct", onehot, has)
+
+
+# --- fitting --------------------------------------------------------------------------------------
+
+
+def _project(w: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of each row onto {w ≥ 0, Σ w ≤ 1}."""
+    clipped = w.clamp(min=0)
+    over = clipped.sum(-1) > 1
+    if not over.any():
+        return clipped
+    v = w[over]
+    u, _ = torch.sort(v, dim=-1, descending=True)
+    css = u.cumsum(-1) - 1
+    ind = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype)
+    cond = u - css / ind > 0
+    rho = cond.to(torch.long).cumsum(-1).argmax(-1, keepdim=True)
+    theta = css.gather(-1, rho) / (rho + 1).to(v.dtype)
+    out = clipped.clone()
+    out[over] = (v - theta).clamp(min=0)
+    return out
+
+
+def solve(gram: torch.Tensor, b: torch.Tensor, iterations: int = 300) -> torch.Tensor:
+    """``argmin_w wᵀ G w − 2 bᵀ w`` under ``w ≥ 0, Σ w ≤ 1``, batched over the leading dims
+    (accelerated projected gradient)."""
+    step = 1.0 / (2 * torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1).clamp(min=1e-12))[..., None]
+    w = torch.zeros_like(b)
+    y, t = w.clone(), 1.0
+    for _ in range(iterations):
+        grad = 2 * (torch.einsum("...ij,...j->...i", gram, y) - b)
+        new = _project(y - step * grad)
+        t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2
+        y = new + ((t - 1) / t_next) * (new - w)
+        w, t = new, t_next
+    return w
+
+
+def objective(gram: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.einsum("...i,...ij,...j->...", w, gram, w) - 2 * (b * w).sum(-1)
+
+
+def greedy(gram: torch.Tensor, b: torch.Tensor, usable: torch.Tensor, max_templates: int) -> torch.Tensor:
+    """Forward selection: ``gram [N, T, T]``, ``b [N, T]`` -> weights ``[N, T]`` with at most
+    ``max_templates`` non-zero, each step adding the template that lowers the error most.
+    ``usable [T]`` marks templates with a target somewhere."""
+    n, n_t = b.shape
+    chosen = torch.zeros(n, 0, dtype=torch.long)
+    best_w = torch.zeros(n, 0, dtype=b.dtype)
+    current = torch.zeros(n, dtype=b.dtype)
+    candidates = torch.nonzero(usable).flatten()
+    for _ in range(min(max_templates, len(candidates))):
+        m = len(candidates)
+        sets = torch.cat(
+            [chosen[:, None, :].expand(n, m, chosen.shape[1]), candidates[None, :, None].expand(n, m, 1)], -1
+        )
+        rows = torch.arange(n)[:, None, None, None]
+        sub_gram = gram[rows, sets[..., :, None], sets[..., None, :]]  # [N, m, s, s]
+        sub_b = b[torch.arange(n)[:, None, None], sets]  # [N, m, s]
+        w = solve(sub_gram, sub_b, iterations=150)
+        value = objective(sub_gram, sub_b, w)
+        taken = (chosen[:, None, :] == candidates[None, :, None]).any(-1)
+        value = value.masked_fill(taken, float("inf"))
+        pick = value.argmin(-1)
+        improved = value[torch.arange(n), pick] < current - 1e-12
+        if not improved.any():
+            break
+        new_sets = sets[torch.arange(n), pick]
+        new_w = w[torch.arange(n), pick]
+        # A head that stops improving keeps its set (padded with a duplicate at weight 0).
+        keep_sets = torch.cat([chosen, chosen[:, :1] if chosen.shape[1] else new_sets[:, -1:]], -1)
+        keep_w = torch.cat([best_w, torch.zeros(n, 1, dtype=b.dtype)], -1)
+        chosen = torch.where(improved[:, None], new_sets, keep_sets)
+        best_w = torch.where(improved[:, None], new_w, keep_w)
+        current = torch.where(improved, value[torch.arange(n), pick], current)
+    out = torch.zeros(n, n_t, dtype=b.dtype)
+    if chosen.shape[1]:
+        sub_gram = gram[torch.arange(n)[:, None, None], chosen[:, :, None], chosen[:, None, :]]
+        sub_b = b[torch.arange(n)[:, None], chosen]
+        refined = solve(sub_gram, sub_b, iterations=600)
+        better = objective(sub_gram, sub_b, refined) <= objective(sub_gram, sub_b, best_w)
+        final = torch.where(better[:, None], refined, best_w)
+        out.scatter_add_(1, chosen, final)
+    return out
+
+
+def tidy(weights: torch.Tensor, floor: float = 0.02) -> torch.Tensor:
+    """Weights scaled to sum to 1, components below ``floor`` dropped (and the rest rescaled)."""
+    total = weights.sum(-1, keepdim=True)
+    out = torch.where(total > 0, weights / total.clamp(min=1e-12), weights)
+    out = torch.where(out < floor, torch.zeros_like(out), out)
+    total = out.sum(-1, keepdim=True)
+    return torch.where(total > 0, out / total.clamp(min=1e-12), out)
+
+
+@dataclass
+class Fitted:
+    """Per layer: ``weights [L, H, C, T]`` (the description used), ``unconditioned [L, H, T]``,
+    ``conditioned [L, H]`` (whether the head's description depends on the query class), and the
+    fit split's class counts."""
+
+    weights: torch.Tensor
+    unconditioned: torch.Tensor
+    conditioned: torch.Tensor
+    class_counts: torch.Tensor
+    fit_error: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+def fit(
+    stats: FitStats,
+    *,
+    max_templates: int = 4,
+    min_class_queries: int = 30,
+    condition_gain: float = 0.10,
+    conditioning: bool = True,
+) -> Fitted:
+    n_layers, n_classes, n_heads, n_t = stats.b.shape
+    usable = stats.hits.sum(0) > 0
+    # Unconditioned: every class pooled.
+    gram_all = stats.gram.sum(1)  # [L, T, T]
+    b_all = stats.b.sum(1)  # [L, H, T]
+    flat_gram = gram_all[:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t)
+    w_all = greedy(flat_gram, b_all.reshape(-1, n_t), usable, max_templates).reshape(n_layers, n_heads, n_t)
+    weights = w_all[:, :, None, :].expand(n_layers, n_heads, n_classes, n_t).clone()
+    conditioned = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    sq = stats.sq  # [L, C, H]
+
+    def error(gram: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return objective(gram, b, w)
+
+    if conditioning:
+        per_class = torch.zeros(n_layers, n_heads, n_classes, n_t, dtype=stats.b.dtype)
+        for c in range(n_classes):
+            if stats.counts[c] < min_class_queries:
+                per_class[:, :, c] = w_all
+                continue
+            usable_c = stats.hits[c] > 0
+            flat = stats.gram[:, c][:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t)
+            found = greedy(flat, stats.b[:, c].reshape(-1, n_t), usable_c, max_templates)
+            per_class[:, :, c] = found.reshape(n_layers, n_heads, n_t)
+        # Squared error on the fit split, per head: pooled description against per-class ones.
+        err_all = torch.zeros(n_layers, n_heads, dtype=stats.b.dtype)
+        err_cls = torch.zeros_like(err_all)
+        for c in range(n_classes):
+            gram_c = stats.gram[:, c][:, None].expand(n_layers, n_heads, n_t, n_t)
+            b_c = stats.b[:, c]
+            err_all += sq[:, c] + error(gram_c, b_c, w_all)
+            err_cls += sq[:, c] + error(gram_c, b_c, per_class[:, :, c])
+        conditioned = err_cls <= (1 - condition_gain) * err_all
+        weights = torch.where(conditioned[:, :, None, None], per_class, weights)
+    return Fitted(tidy(weights), tidy(w_all), conditioned, stats.counts.clone())
+
+
+# --- evaluation -----------------------------------------------------------------------------------
+
+
+class EvalStats:
+    """Explained shares of fitted descriptions on the evaluation split, per window and head, and
+    what the top-context cards need (each query's strongest key off the first token)."""
+
+    def __init__(
+        self, maps: TemplateMaps, texts: Sequence[Text], fitted: Fitted, n_layers: int, n_heads: int
+    ) -> None:
+        n_e = len(texts)
+        self.maps, self.texts, self.fitted = maps, texts, fitted
+        shape = (n_e, n_layers, n_heads)
+        self.explained = torch.zeros(shape, dtype=torch.float64)
+        self.explained_plain = torch.zeros(shape, dtype=torch.float64)
+        self.off_explained = torch.zeros(shape, dtype=torch.float64)
+        self.off_total = torch.zeros(shape, dtype=torch.float64)
+        self.first = torch.zeros(shape, dtype=torch.float64)
+        self.counts = torch.zeros(n_e, dtype=torch.float64)
+        self.class_counts = torch.zeros(N_CLASSES, dtype=torch.float64)
+        self.strongest = [torch.zeros(n_layers, n_heads, len(t), dtype=torch.int32) for t in texts]
+        self.strongest_weight = [torch.zeros(n_layers, n_heads, len(t), dtype=torch.float16) for t in texts]
+        self._first_layer: int | None = None
+        self._w = fitted.weights.float()  # [L, H, C, T]
+        self._w_plain = fitted.unconditioned.float()  # [L, H, T]
+
+    def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int) -> None:
+        stop = q_start + attn.shape[2]
+        keys = attn.shape[3]
+        probs, _, _ = self.maps.normalised(batch, q_start, stop, keys)
+        classes = query_classes(batch, self.texts, q_start, stop)
+        real = (classes >= 0).double()  # [B, c]
+        a = attn.float()
+        w = self._w[layer].permute(1, 0, 2)[classes.clamp(min=0)]  # [B, c, H, T]
+        predicted = torch.einsum("bqht,tbqk->bhqk", w, probs)
+        overlap = torch.minimum(a, predicted)
+        plain = torch.einsum("ht,tbqk->bhqk", self._w_plain[layer], probs)
+        rows = batch.example_index
+
+        def add(target: torch.Tensor, per_query: torch.Tensor) -> None:
+            target[rows, layer] += (per_query.double() * real[:, None, :]).sum(-1)
+
+        add(self.explained, overlap.sum(-1))
+        add(self.explained_plain, torch.minimum(a, plain).sum(-1))
+        add(self.off_explained, overlap[..., 1:].sum(-1))
+        add(self.off_total, a[..., 1:].sum(-1))
+        add(self.first, a[..., 0])
+        if self._first_layer is None:
+            self._first_layer = layer
+        if layer == self._first_layer:
+            self.counts.index_add_(0, rows, real.sum(-1))
+            self.class_counts += (
+                torch.nn.functional.one_hot(classes.clamp(min=0), N_CLASSES)[classes >= 0].sum(0).double()
+            )
+        if keys > 1:
+            value, where = a[..., 1:].max(-1)  # [B, H, c]
+            for row, example in enumerate(rows.tolist()):
+                n = min(stop, len(self.texts[example])) - q_start
+                if n <= 0:
+                    continue
+                self.strongest[example][layer, :, q_start : q_start + n] = (where[row, :, :n] + 1).int()
+                self.strongest_weight[example][layer, :, q_start : q_start + n] = value[row, :, :n].half()
+
+
+def bootstrap_shares(
+    numerator: torch.Tensor, denominator: torch.Tensor, n_resamples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, tuple[float, float]]:
+    """Shares ``Σ_e num / Σ_e den`` per head (``num [E, L, H]``, ``den [E]`` or ``[E, L, H]``), their
+    95% bootstrap intervals over windows, and the model's (mean over heads) with its interval."""
+    num = numerator.numpy()
+    den = denominator.numpy()
+    den_full = den if den.ndim == 3 else np.broadcast_to(den[:, None, None], num.shape)
+    point = num.sum(0) / np.maximum(den_full.sum(0), 1e-12)
+    n_e = num.shape[0]
+    if n_resamples <= 0 or n_e < 2:
+        nan = np.full(point.shape, np.nan)
+        return point, nan, nan, float(point.mean()), (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(n_e, np.full(n_e, 1.0 / n_e), size=n_resamples).astype(np.float64)  # [R, E]
+    flat_num = draws @ num.reshape(n_e, -1)
+    flat_den = draws @ den_full.reshape(n_e, -1)
+    resampled = (flat_num / np.maximum(flat_den, 1e-12)).reshape(n_resamples, *point.shape)
+    low, high = np.percentile(resampled, [2.5, 97.5], axis=0)
+    model = resampled.reshape(n_resamples, -1).mean(-1)
+    m_low, m_high = np.percentile(model, [2.5, 97.5])
+    return point, low, high, float(point.mean()), (float(m_low), float(m_high))

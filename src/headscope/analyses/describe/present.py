@@ -1,0 +1,142 @@
+"""How ``describe`` shows itself: the terminal tables and the HTML page of cards."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from headscope import files
+
+from .atlas import KINDS, Atlas, describe_components
+
+
+def _ci(entry: dict[str, Any]) -> str:
+    if entry.get("ci_low") is None:
+        return f"{entry['value']:.3f}"
+    return f"{entry['value']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]"
+
+
+def summary_line(atlas: Atlas) -> str:
+    ev, fit = atlas.evaluation, atlas.fit
+    return (
+        f"explained share {_ci(atlas.explained)}, off the first token {_ci(atlas.explained_off_first)} "
+        f"(mean over {len(atlas.heads)} heads; evaluation: {ev['from']}, {ev['windows']} windows, "
+        f"{ev['queries']} queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
+        f"Without query classes: {atlas.explained_unconditioned['value']:.3f}."
+    )
+
+
+def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
+    console.print(f"{atlas.model}: every head described by templates", soft_wrap=True)
+    console.print(summary_line(atlas), soft_wrap=True, highlight=False)
+    table = Table(
+        title="each head: what it looks at (weights sum to 1), on evaluation text", title_justify="left"
+    )
+    for column, justify in (
+        ("head", "left"),
+        ("dominant", "left"),
+        ("description", "left"),
+        ("explained", "right"),
+        ("off first", "right"),
+        ("on first", "right"),
+        ("roles", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for head in atlas.heads:
+        table.add_row(
+            f"L{head['layer']}H{head['head']}",
+            head["dominant"],
+            describe_components(head["components"]),
+            _ci(head["explained"]),
+            f"{head['explained_off_first']['value']:.2f}",
+            f"{head['first_token']:.2f}",
+            ",".join(head["roles"]),
+        )
+    console.print(table)
+    kinds = Table(title="dominant kind of template per layer (heads)", title_justify="left")
+    kinds.add_column("layer", justify="right")
+    for kind in KINDS:
+        kinds.add_column(kind, justify="right")
+    for layer, row in atlas.by_layer().items():
+        kinds.add_row(layer, *(str(row.get(kind, 0)) or "" for kind in KINDS))
+    console.print(kinds)
+    worst = sorted(atlas.heads, key=lambda h: h["explained"]["value"])[: max(0, min(top, 5))]
+    if worst:
+        console.print(
+            "least explained: "
+            + ", ".join(f"L{h['layer']}H{h['head']} leaves {h['left']:.2f}" for h in worst),
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _card(head: dict[str, Any]) -> str:
+    esc = html.escape
+    rows = []
+    for context in head["contexts"]:
+        arrows = "".join(
+            f"<li><span class=k>{esc(a['before'])}<b>{esc(a['key_token'])}</b></span> … "
+            f"<span class=q>{esc(a['between'][-30:])}<b>{esc(a['query_token'])}</b></span> "
+            f"<span class=w style='opacity:{0.3 + 0.7 * a['weight']:.2f}'>{a['weight']:.2f}</span></li>"
+            for a in context["arrows"]
+        )
+        rows.append(
+            f"<div class=ctx><div class=win>{esc(context['window'])}: "
+            f"{context['off_first']:.2f} off the first token</div><ol>{arrows}</ol></div>"
+        )
+    explained = head["explained"]
+    bar = f"<div class=bar><span style='width:{100 * explained['value']:.0f}%'></span></div>"
+    return (
+        f"<section class=card id='L{head['layer']}H{head['head']}'>"
+        f"<h3>L{head['layer']}H{head['head']} <small>KV group {head['kv_group']}</small> — {esc(head['dominant'])}</h3>"
+        f"<p class=desc>{esc(describe_components(head['components']))}</p>"
+        f"{bar}<p>explains {_ci(explained)} of its attention on evaluation text and leaves {head['left']:.2f}; "
+        f"off the first token {_ci(head['explained_off_first'])}; on the first token {head['first_token']:.2f}. "
+        f"Roles: {esc(', '.join(head['roles']) or 'none')}.</p>"
+        f"<details><summary>top contexts (strongest key, off the first token, of its strongest queries)</summary>"
+        f"{''.join(rows)}</details></section>"
+    )
+
+
+STYLE = """
+body{font-family:system-ui,'Noto Sans CJK SC',sans-serif;margin:2em;max-width:70em}
+.card{border:1px solid #ccc;border-radius:6px;padding:.6em 1em;margin:.6em 0}
+.desc{font-family:monospace}.bar{background:#eee;height:.5em;width:20em}
+.bar span{display:block;height:100%;background:#4dabf7}.k b{color:#c92a2a}.q b{color:#1864ab}
+.win{color:#555;font-size:90%}table{border-collapse:collapse}td,th{padding:0 .5em;text-align:right}
+"""
+
+
+def atlas_html(atlas: Atlas) -> str:
+    """The cards as one HTML section (every head's description, shares and top contexts)."""
+    by_layer = atlas.by_layer()
+    header = "".join(f"<th>{k}</th>" for k in KINDS)
+    body = "".join(
+        f"<tr><td>{layer}</td>" + "".join(f"<td>{row.get(k, 0) or ''}</td>" for k in KINDS) + "</tr>"
+        for layer, row in by_layer.items()
+    )
+    return (
+        f"<section class=describe><h2>Every head described</h2><p>{html.escape(summary_line(atlas))}</p>"
+        f"<table><tr><th>layer</th>{header}</tr>{body}</table>"
+        + "".join(_card(head) for head in atlas.heads)
+        + "</section>"
+    )
+
+
+def page(atlas: Atlas) -> str:
+    title = html.escape(f"{atlas.model}: every head described")
+    data = html.escape(json.dumps({"schema": atlas.to_json()["schema"], "model": atlas.model}))
+    return (
+        f"<!doctype html><html lang=en><meta charset=utf-8><title>{title}</title>"
+        f"<style>{STYLE}</style><body data-atlas='{data}'><h1>{title}</h1>{atlas_html(atlas)}</body></html>\n"
+    )
+
+
+def write_html(result: Any, path: Path, force: bool) -> str:
+    files.write_atomic(path, page(result.state["atlas"]), "--html", force)
+    return str(path)
