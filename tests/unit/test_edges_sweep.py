@@ -7,6 +7,7 @@ Adapters are tiny LoRAs on the toy model (a second of peft each); sweeps run in 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,127 @@ def test_an_adapter_for_another_base_is_one_short_line(tmp_path):
     assert "does not fit its base model" in text
     assert "layers.0.self_attn.q_proj.lora_A.default.weight is [4, 32] in the adapter and [4, 64]" in text
     assert caught.value.hint and "base_model_name_or_path" in caught.value.hint
+
+
+# --- sweeps: options ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """The local executor, without worker processes: each task runs here, in order."""
+    from headscope.sweeps import run as sweep_run
+    from headscope.sweeps.executors import run_task
+
+    monkeypatch.setattr(
+        sweep_run, "run_local", lambda tasks, workers, retries: ((t, run_task(t)) for t in tasks)
+    )
+
+
+def manifest(store: Path) -> dict:
+    return json.loads((store / "manifest.json").read_text())["runs"]
+
+
+def test_an_option_of_scan_changes_the_scan_in_a_sweep(tmp_path, in_process):
+    swept = hs.sweep(str(TOY_DIR), tmp_path / "store", analyses="scan", detectors="induction", **FAST)
+    assert not swept.failed
+    assert set(swept.table.detector) == {"induction"}
+    (entry,) = manifest(tmp_path / "store").values()
+    # Every option the run read is recorded, given or default; none of the causal check's.
+    assert entry["options"]["detectors"] == "induction" and entry["options"]["seq_len"] == 10
+    assert entry["options"]["role_threshold"] == 0.3 and "verify" not in entry["options"]
+
+
+@pytest.mark.parametrize(
+    ("analyses", "options", "message"),
+    [
+        (["induction"], {"ablate": 2}, "ablate=2: a sweep stores the tables of induction and never runs"),
+        (["induction"], {"draws": 4}, "so draws would change nothing"),
+        (["scan"], {"verify": True}, "verify=True: a sweep .* never runs the causal check"),
+        (["weights"], {"verify_k": 2}, "verify_k would change nothing"),
+        (["weights", "icl"], {"k": 3}, "k=3: k means different things in weights and icl"),
+        (
+            ["weights"],
+            {"weights.tokens": 300, "tokens": 400},
+            "weights.tokens already sets tokens of weights",
+        ),
+        (["scan", "icl"], {"text": "a.txt"}, "text means different things in scan and icl"),
+        (["weights"], {"icl.k": 3}, "icl is not one of this sweep's analyses"),
+        (["weights"], {"weights.early": 3}, "weights has no option early"),
+        (["weights"], {"seq_len": 20}, "seq_len is an option of none of weights"),
+    ],
+)
+def test_options_a_sweep_would_not_use_are_refused(analyses, options, message):
+    from headscope.sweeps.run import plan
+
+    with pytest.raises(InputError, match=message):
+        plan(analyses, options)
+
+
+def test_options_go_to_the_analyses_that_read_them():
+    from headscope.sweeps.run import plan
+
+    planned = plan(["induction", "icl"], {"draws": 4, "seq_len": 20, "icl.k": 7, "tasks": "none"})
+    assert planned["induction"].values == {"seq_len": 20}  # its draws are the ablation's: not for it
+    assert planned["icl"].values == {"draws": 4, "k": 7, "tasks": "none"}
+    assert planned["icl"].record["draws"] == 4 and "draws" not in planned["induction"].record
+
+
+def test_a_repeated_set_name_is_refused():
+    from headscope.sweeps.run import parse_settings
+
+    with pytest.raises(InputError, match=r"--set seq_len=4: seq_len is already set \(--set seq_len=3\)"):
+        parse_settings(["induction"], ["seq_len=3", "seq_len=4"])
+    with pytest.raises(InputError, match=r"already set \(--seq-len 20\)"):
+        parse_settings(["induction", "scan"], ["scan.seq_len=4"], {"seq_len": "--seq-len 20"})
+    assert parse_settings(["weights"], ["tasks=a.yaml,b.yaml"]) == {"tasks": ["a.yaml", "b.yaml"]}
+
+
+ICL_FAST = dict(tasks="none", context=60, early=10, late=40, window=3, resamples=0)
+
+
+def test_a_path_option_is_stored_as_a_string_and_its_file_is_fingerprinted(tmp_path, in_process):
+    texts = tmp_path / "held.txt"
+    texts.write_text("\n\n".join(" ".join(f"t{i % 50}" for i in range(s, s + 70)) for s in range(6)) + "\n")
+    store = tmp_path / "store"
+    notes: list[str] = []
+    swept = hs.sweep(str(TOY_DIR), store, analyses="icl", text=texts, on_note=notes.append, **ICL_FAST)
+    assert not swept.failed and swept.computed
+    (entry,) = manifest(store).values()
+    assert entry["options"]["text"] == str(texts) and entry["inputs"]["text"].startswith("sha256:")
+    assert not list(store.glob("**/*.tmp"))
+    again = hs.sweep(str(TOY_DIR), store, analyses="icl", text=str(texts), **ICL_FAST)
+    assert again.skipped and not again.computed
+    # The same file name with other texts: the stored run is stale, computed again with a note.
+    texts.write_text(texts.read_text().replace("t1 ", "t7 "))
+    changed = hs.sweep(str(TOY_DIR), store, analyses="icl", text=texts, on_note=notes.append, **ICL_FAST)
+    assert changed.computed and not changed.skipped
+    assert any("a data file its options name changed" in note for note in notes), notes
+
+
+# --- sweeps: the store --------------------------------------------------------------------------------
+
+
+def test_an_adapter_run_is_computed_again_when_its_base_changes(tmp_path, in_process):
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    shutil.copytree(TOY_DIR, base)
+    adapter = save_adapter(tmp_path / "lora", base)
+    store = tmp_path / "store"
+    first = hs.sweep(str(adapter), store, **FAST)
+    assert first.computed and not first.failed
+    assert hs.sweep(str(adapter), store, **FAST).skipped  # unchanged: reused
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(3.0)
+    model.save_pretrained(base)
+    notes: list[str] = []
+    second = hs.sweep(str(adapter), store, on_note=notes.append, **FAST)
+    assert second.computed and not second.skipped
+    assert any("adapter's base" in note for note in notes), notes
+    assert not np.allclose(first.table.score.to_numpy(float), second.table.score.to_numpy(float))
+    # The adapter's own config (its scaling, say) is covered too.
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["lora_alpha"] = 2 * config["lora_alpha"]
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    assert hs.sweep(str(adapter), store, **FAST).computed

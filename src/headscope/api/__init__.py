@@ -329,13 +329,17 @@ def sweep(
     retries: int = 2,
     force: bool = False,
     on_result: Callable[[str, dict], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
     **options: Any,
 ) -> Any:
     """Run analyses over many models or checkpoints into a resumable store (``headscope sweep``).
 
-    ``options`` are the analyses' own (``seq_len``, ``tokens``, ``resamples``, ``seed``, …); each
-    analysis takes those it declares. Returns the sweep's result: ``table`` (sweep.csv),
-    ``emergence()`` and ``across_models()``."""
+    ``options`` are the analyses' own (``seq_len``, ``tokens``, ``detectors``, ``resamples``, …),
+    each given to every chosen analysis that declares it; where two declare a name with different
+    meanings (``k``, ``text``, ``tasks``), say which: ``**{"icl.k": 7}``. An option no chosen
+    analysis reads in a sweep (``ablate``, ``verify``: a sweep runs no causal check) is refused.
+    Notes (a stored run computed again, and why) go to ``on_note`` and the result's ``notes``.
+    Returns the sweep's result: ``table`` (sweep.csv), ``emergence()`` and ``across_models()``."""
     from headscope.analyses.protocol import split_names
     from headscope.sweeps.run import sweep as run_sweep
 
@@ -352,6 +356,7 @@ def sweep(
         retries=retries,
         force=force,
         on_result=on_result,
+        on_note=on_note,
     )
 
 

@@ -37,6 +37,7 @@ from .params import command
 
 @command(app, "sweep")
 def sweep_cmd(
+    ctx: typer.Context,
     specs: Annotated[
         list[str],
         typer.Argument(
@@ -71,14 +72,17 @@ def sweep_cmd(
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Heads per role in the PNG.")] = 3,
     repeat: Repeat,
-    tokens: Annotated[int, typer.Option("--tokens", help="weights: sampled tokens.")] = 2000,
-    k: Annotated[int, typer.Option("--k", help="weights: top-k.")] = 5,
+    tokens: Annotated[
+        int | None, typer.Option("--tokens", help="weights: ordinary tokens sampled (weights' default).")
+    ] = None,
+    k: Annotated[int | None, typer.Option("--k", help="weights: top-k (weights' default).")] = None,
     settings: Annotated[
         list[str] | None,
         typer.Option(
             "--set",
             help="Any other option of the chosen analyses, NAME=VALUE by its Python name "
-            "(icl: --set early=5 --set text=held.txt). Repeat it for several.",
+            "(icl: --set early=5 --set text=held.txt; ANALYSIS.NAME where two analyses mean different "
+            "things by NAME: --set icl.k=7). Repeat it for several.",
         ),
     ] = None,
     stats: Stats,
@@ -87,9 +91,12 @@ def sweep_cmd(
 ) -> None:
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
     with handle_errors(debug.debug):
+        import dataclasses
+
+        import headscope.api as hs
+        from headscope.analyses.protocol import flag_of
         from headscope.outputs.sweeps import print_sweep
-        from headscope.sweeps.run import check_analyses, check_resources, parse_settings
-        from headscope.sweeps.run import sweep as run_sweep
+        from headscope.sweeps.run import SweepInterrupted, check_analyses, check_resources, parse_settings
         from headscope.sweeps.specs import check_series
 
         # Every option is checked here, before the store is touched and before the first run.
@@ -100,32 +107,51 @@ def sweep_cmd(
         if png is not None:
             check_outputs(force, ("--png", png))
             check_series(specs)  # known from the specs alone: refused before the first run
-        options: dict[str, Any] = {"resamples": stats.resamples, "seed": stats.seed}
-        if "induction" in chosen:
-            options.update(seq_len=repeat.seq_len, repeat_seq=repeat.repeat_seq, n_seqs=repeat.n_seqs)
-        if "weights" in chosen:
-            options.update(tokens=tokens, k=k)
-        options.update(parse_settings(chosen, settings or []))
+        # Only the options given on the command line: the analyses declare their defaults.
+        options: dict[str, Any] = {}
+        taken: dict[str, str] = {}
+        for group in (repeat, stats):
+            for field in dataclasses.fields(group):
+                source = ctx.get_parameter_source(field.name)  # typer's own click: compared by name
+                if source is not None and source.name != "DEFAULT":
+                    value = getattr(group, field.name)
+                    options[field.name] = value
+                    taken[field.name] = f"{flag_of(field).split('/')[0]} {value}"
+        for name, value in (("tokens", tokens), ("k", k)):
+            if value is not None:
+                options[f"weights.{name}"] = value
+                taken[f"weights.{name}"] = f"--{name} {value}"
+        options.update(parse_settings(chosen, settings or [], taken))
 
         def on_result(run_key: str, outcome: dict) -> None:
             status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
             err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
 
-        result = run_sweep(
-            specs,
-            out_dir,
-            analyses=chosen,
-            options=options,
-            executor=executor.executor,
-            workers=workers,
-            ray_address=ray_address,
-            cpus_per_run=cpus_per_run,
-            gpus_per_run=gpus_per_run,
-            retries=retries,
-            force=force,
-            on_result=on_result,
-            on_note=lambda text: err.print(f"note: {text}", soft_wrap=True, markup=False),
-        )
+        try:
+            result = hs.sweep(
+                specs,
+                out_dir,
+                analyses=chosen,
+                executor=executor.executor,
+                workers=workers,
+                ray_address=ray_address,
+                cpus_per_run=cpus_per_run,
+                gpus_per_run=gpus_per_run,
+                retries=retries,
+                force=force,
+                on_result=on_result,
+                on_note=lambda text: err.print(f"note: {text}", soft_wrap=True, markup=False),
+                **options,
+            )
+        except KeyboardInterrupt as exc:
+            said = (
+                str(exc)
+                if isinstance(exc, SweepInterrupted)
+                else f"interrupted: the runs finished so far are kept in the store {out_dir}; run the same "
+                "sweep again to compute the rest"
+            )
+            err.print(said, soft_wrap=True, markup=False)
+            raise typer.Exit(130) from None
         # A closed stdout (`| head -1`) while this prints ends quietly with 141: handle_errors and
         # the `out` console see to it for every command (the store is complete by then).
         print_sweep(result, len(chosen), out)

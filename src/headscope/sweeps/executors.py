@@ -11,6 +11,7 @@ that dies leaves no partial file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -49,19 +50,14 @@ def run_task(task: Task) -> Outcome:
 
 
 def _analyse(task: Task) -> dict[str, Any]:
-    """One run: the analysis from the registry, with the options it declares (the sweep's others are
-    for the other analyses)."""
+    """One run: the analysis from the registry, with the options the sweep gave it."""
     from headscope.analyses.protocol import execute, get
     from headscope.models import load
     from headscope.verdicts.results import CSV_COLUMNS
 
     analysis = get(task["analysis"])
-    values = task["options"]
-    if analysis.name == "scan":
-        # The sweep's repeat options (--seq-len, …) are induction's; a scan in a sweep has always run
-        # the default protocol, and stores written so keep their meaning.
-        values = {k: v for k, v in values.items() if k in ("resamples", "seed")}
-    options = analysis.take(values)
+    # The options the driver routed to this analysis (sweeps.run.plan); the rest are its defaults.
+    options = analysis.make_options(task["values"])
     prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
     # The one path (analyses.protocol.execute): the same conformance checks and refusals as hs.run
@@ -85,8 +81,47 @@ def _analyse(task: Task) -> dict[str, Any]:
     }
 
 
+def _quiet_worker() -> None:
+    """A worker ignores Ctrl-C: the driver stops it (a terminal's Ctrl-C reaches the whole process
+    group, and a worker importing torch would print its traceback)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while worker processes start: they inherit it from their first instruction
+    (before Python's own handler, or any import, could turn it into a traceback). The main thread
+    only: elsewhere signals cannot be set, and Ctrl-C is the main thread's anyway."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(pool: Any) -> None:
+    """End a pool now: queued tasks cancelled, running workers terminated (they ignore Ctrl-C)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(5)
+
+
 def run_local(tasks: list[Task], workers: int, retries: int) -> Iterator[tuple[Task, Outcome]]:
-    """Yield (task, outcome) as N spawned worker processes finish them."""
+    """Yield (task, outcome) as N spawned worker processes finish them. Closing the iterator early
+    (Ctrl-C in the driver) stops the workers at once."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -97,8 +132,11 @@ def run_local(tasks: list[Task], workers: int, retries: int) -> Iterator[tuple[T
     attempts: dict[str, int] = {}
     context = multiprocessing.get_context("spawn")
     while pending:
-        with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-            futures = {pool.submit(run_task, task): task for task in pending}
+        pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context, initializer=_quiet_worker)
+        finished = False
+        try:
+            with _sigint_ignored():  # the pool starts its processes on the first submit
+                futures = {pool.submit(run_task, task): task for task in pending}
             pending = []
             while futures:
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
@@ -118,6 +156,12 @@ def run_local(tasks: list[Task], workers: int, retries: int) -> Iterator[tuple[T
                 if pending:  # the pool is broken: start a new one for what is left
                     pending += list(futures.values())
                     break
+            finished = True
+        finally:
+            if finished:
+                pool.shutdown(wait=True)
+            else:
+                _stop(pool)
 
 
 def run_ray(

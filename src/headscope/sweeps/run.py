@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,61 +60,205 @@ def check_analyses(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def parse_settings(chosen: Sequence[str], settings: Sequence[str]) -> dict[str, Any]:
-    """``--set NAME=VALUE`` pairs: an option of the chosen analyses by its Python name, its value
-    read as the option's type (``early=5``, ``text=held.txt``, ``fv=false``)."""
+# A sweep stores each analysis' tables and never runs its causal check (no ablation): the options that
+# only the check reads would change nothing, and are refused. Per analysis, beyond these names:
+CAUSAL_ONLY = frozenset({"verify", "verify_k", "ablate", "ablation"})
+CAUSAL_ONLY_OF = {"induction": frozenset({"draws"}), "weights": frozenset({"draws"})}
+
+
+def unused_in_sweep(analysis: Any) -> set[str]:
+    """The options of ``analysis`` a sweep never reads (its causal check's); an analysis may declare
+    them itself as ``sweep_unused``."""
+    declared = getattr(analysis, "sweep_unused", None)
+    if declared is not None:
+        return set(declared) & analysis.option_names()
+    return set(CAUSAL_ONLY | CAUSAL_ONLY_OF.get(analysis.name, frozenset())) & analysis.option_names()
+
+
+def _help(analysis: Any, name: str) -> str:
     import dataclasses
+
+    return next(f.metadata.get("help", "") for f in dataclasses.fields(analysis.options) if f.name == name)
+
+
+def route(chosen: Sequence[str], key: str, said: str) -> tuple[list[str], str]:
+    """The analyses an option goes to, and its name: ``name`` goes to every chosen analysis that
+    declares it (and reads it in a sweep), ``analysis.name`` to that one. Refused (InputError naming
+    ``said``, the option as the caller wrote it): a name no chosen analysis declares, one only a
+    causal check reads, and one that means different things in two of them (say which)."""
+    from headscope.analyses.protocol import get
+
+    owner, dot, name = key.strip().rpartition(".")
+    name = name.strip().replace("-", "_")
+    known = sorted({o for a in chosen for o in get(a).option_names() - unused_in_sweep(get(a))})
+    if dot:
+        if owner not in chosen:
+            raise InputError(
+                f"{said}: {owner} is not one of this sweep's analyses ({', '.join(chosen)})",
+                hint="name one of them before the dot, or add it to the analyses",
+            )
+        targets = [owner]
+        if name not in get(owner).option_names():
+            raise InputError(
+                f"{said}: {owner} has no option {name}",
+                hint=f"known: {', '.join(sorted(get(owner).option_names() - unused_in_sweep(get(owner))))}",
+            )
+    else:
+        targets = [a for a in chosen if name in get(a).option_names()]
+        if not targets:
+            raise InputError(
+                f"{said}: {name} is an option of none of {', '.join(chosen)}",
+                hint=f"known: {', '.join(known)}",
+            )
+    users = [a for a in targets if name not in unused_in_sweep(get(a))]
+    if not users:
+        raise InputError(
+            f"{said}: a sweep stores the tables of {', '.join(targets)} and never runs the causal check "
+            f"(ablation), so {name} would change nothing",
+            hint=f"drop it, and run headscope {targets[0]} on one model for the check",
+        )
+    if len(users) > 1 and len({_help(get(a), name) for a in users}) > 1:
+        raise InputError(
+            f"{said}: {name} means different things in {' and '.join(users)}",
+            hint=f"say which: {users[0]}.{name}=…",
+        )
+    return users, name
+
+
+def parse_settings(
+    chosen: Sequence[str], settings: Sequence[str], taken: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``--set NAME=VALUE`` pairs: an option of the chosen analyses by its Python name (or
+    ``ANALYSIS.NAME`` where two of them declare it with different meanings), its value read as the
+    option's type (``early=5``, ``text=held.txt``, ``fv=false``, ``tasks=a.yaml,b.yaml``). A name
+    given twice (or also given by a flag in ``taken``: name -> flag) is refused."""
     import typing
-    from pathlib import Path
 
     from headscope.analyses.protocol import get
 
-    fields: dict[str, Any] = {}
-    for name in chosen:
-        kinds = typing.get_type_hints(get(name).options)
-        for declared in dataclasses.fields(get(name).options):
-            fields.setdefault(declared.name, kinds[declared.name])
     out: dict[str, Any] = {}
+    said: dict[tuple[str, str], str] = {}
+    for key, flag in (taken or {}).items():
+        users, name = route(chosen, key, flag)
+        said.update({(owner, name): flag for owner in users})
     for item in settings:
         key, sep, text = item.partition("=")
-        key = key.strip().replace("-", "_")
+        key = key.strip()
         if not sep or not key:
             raise InputError(f"--set {item}: give NAME=VALUE, e.g. --set early=5")
-        if key not in fields:
-            raise InputError(
-                f"--set {item}: {key} is an option of none of {', '.join(chosen)}",
-                hint=f"known: {', '.join(sorted(fields))}",
-            )
-        kind = fields[key]
+        users, name = route(chosen, key, f"--set {item}")
+        for owner in users:
+            if (owner, name) in said:
+                raise InputError(
+                    f"--set {item}: {name} is already set ({said[(owner, name)]})",
+                    hint="give each option once",
+                )
+            said[(owner, name)] = f"--set {item}"
+        kind = typing.get_type_hints(get(users[0]).options)[name]
         members = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
         value: Any = text
         if text.lower() == "none" and type(None) in typing.get_args(kind):
             value = None
         elif bool in members:
             if text.lower() not in {"true", "false", "1", "0", "yes", "no"}:
-                raise InputError(f"--set {item}: {key} takes true or false")
+                raise InputError(f"--set {item}: {name} takes true or false")
             value = text.lower() in {"true", "1", "yes"}
         elif int in members or float in members:
             try:
                 value = int(text) if int in members else float(text)
             except ValueError:
-                raise InputError(f"--set {item}: {key} takes a number") from None
-        elif Path in members:
-            value = Path(text)
-        out[key] = value
+                raise InputError(f"--set {item}: {name} takes a number") from None
+        elif str not in members and any(typing.get_origin(k) is list for k in members):
+            value = [part.strip() for part in text.split(",") if part.strip()]
+        out[key.replace("-", "_")] = value
     return out
 
 
-def check_options(chosen: Sequence[str], options: dict[str, Any]) -> None:
-    """Every option is checked, by the analyses that declare it, before any worker starts."""
+@dataclass(frozen=True)
+class Planned:
+    """One analysis of a sweep: what its workers get, and what its manifest entries record."""
+
+    values: dict[str, Any]  # the options given to it (the rest are its defaults)
+    record: dict[str, Any]  # every option the run reads, as JSON: a change means a rerun
+    inputs: dict[str, str]  # option -> digest of the data file(s) it names: a change means a rerun
+
+
+def plan(chosen: Sequence[str], options: dict[str, Any]) -> dict[str, Planned]:
+    """Every option routed (:func:`route`) and checked by the analyses that declare it (type, range,
+    data files read), before any worker starts; what each analysis' runs record in the manifest."""
+    import dataclasses
+
     from headscope.analyses.protocol import get
 
+    values: dict[str, dict[str, Any]] = {name: {} for name in chosen}
+    given: dict[tuple[str, str], str] = {}
+    for key, value in options.items():
+        users, name = route(chosen, key, f"{key}={value!r}")
+        for owner in users:
+            if (owner, name) in given:
+                raise InputError(
+                    f"{key}={value!r}: {given[(owner, name)]} already sets {name} of {owner}",
+                    hint="give each option once",
+                )
+            given[(owner, name)] = key
+            values[owner][name] = value
+    planned = {}
     for name in chosen:
         analysis = get(name)
-        analysis.check(analysis.take(options))
-    unknown = sorted(set(options) - {o for name in chosen for o in get(name).option_names()})
-    if unknown:
-        raise InputError(f"sweep: options {', '.join(unknown)} belong to none of {', '.join(chosen)}")
+        made = analysis.make_options(values[name])
+        analysis.check(made)
+        unused = unused_in_sweep(analysis)
+        record = {
+            f.name: _as_json(name, f.name, getattr(made, f.name))
+            for f in dataclasses.fields(made)
+            if f.name not in unused
+        }
+        inputs = {key: digest for key, value in record.items() if (digest := _data_digest(value))}
+        planned[name] = Planned(values[name], record, inputs)
+    return planned
+
+
+def _as_json(analysis: str, name: str, value: Any) -> Any:
+    """An option's value as the manifest holds it (paths as strings); InputError when it has no
+    JSON form (a sweep records every option it ran with)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list | tuple):
+        return [_as_json(analysis, name, item) for item in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _as_json(analysis, name, v) for k, v in value.items()}
+    raise InputError(
+        f"{analysis}: {name}={value!r} cannot be recorded in the sweep's manifest",
+        hint="give a string, a number, true/false, a path or a list of them",
+    )
+
+
+def _data_digest(value: Any) -> str | None:
+    """The SHA-256 of the file(s) an option's value names, if it names any (a data file whose
+    contents change makes the run's stored numbers stale)."""
+    import hashlib
+
+    names = value if isinstance(value, list) else [value]
+    digest = hashlib.sha256()
+    found = False
+    for item in names:
+        if not isinstance(item, str) or not item or "\0" in item:
+            continue
+        path = Path(item).expanduser()
+        try:
+            if path.is_file():
+                digest.update(f"{item}:".encode() + hashlib.sha256(path.read_bytes()).digest())
+                found = True
+            elif path.is_dir():
+                for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                    digest.update(f"{file.relative_to(path)}:".encode())
+                    digest.update(hashlib.sha256(file.read_bytes()).digest())
+                found = True
+        except OSError as exc:
+            raise InputError(f"{item}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    return "sha256:" + digest.hexdigest() if found else None
 
 
 # Resource options: (lowest allowed, whether the lowest itself is allowed, highest); checked, never clipped.
@@ -193,7 +338,7 @@ def sweep(
             on_note(text)
 
     chosen = check_analyses(analyses)
-    check_options(chosen, options or {})
+    planned = plan(chosen, options or {})
     if executor not in {"local", "ray"}:
         raise InputError(f"--executor must be local or ray, got {executor!r}")
     check_resources(workers=workers, retries=retries, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run)
@@ -205,7 +350,6 @@ def sweep(
                 "--executor ray needs Ray, which is not installed", hint='pip install "headscope[ray]"'
             ) from None
     targets = expand(list(specs))
-    options = dict(sorted((options or {}).items()))
     folder = prepare_folder(out)
     result = SweepResult(folder, targets, chosen, notes=notes)
     with locked(folder, note):
@@ -221,6 +365,7 @@ def sweep(
                 digest = f"unreadable: {type(exc).__name__}"
             for analysis in chosen:
                 run_key = f"{target.key}__{analysis}"
+                run = planned[analysis]
                 entry = {
                     "spec": target.spec,
                     "label": target.label,
@@ -228,10 +373,14 @@ def sweep(
                     "step": target.step,
                     "revision": target.revision,
                     "analysis": analysis,
-                    "options": options,
+                    "options": run.record,
+                    "inputs": run.inputs,
                     "fingerprint": digest,
                 }
-                done, why = (False, "--force") if force else store.is_done(run_key, options, digest)
+                if force:
+                    done, why = False, "--force"
+                else:
+                    done, why = store.is_done(run_key, run.record, digest, run.inputs)
                 if done:
                     result.skipped.append(run_key)
                     continue
@@ -239,13 +388,15 @@ def sweep(
                 if why.startswith("result file") or why == "checksum mismatch":
                     shown = store.file_of(run_key).relative_to(folder)
                     note(f"run {run_key}: {why} ({shown}); computing it again")
+                elif why in CHANGED:
+                    note(f"run {run_key}: {CHANGED[why]} since it was stored; computing it again")
                 tasks.append(
                     {
                         "run_key": run_key,
                         "spec": target.spec,
                         "revision": target.revision,
                         "analysis": analysis,
-                        "options": options,
+                        "values": run.values,
                         "entry": entry,
                     }
                 )
@@ -253,16 +404,23 @@ def sweep(
             stream = run_ray(tasks, ray_address, cpus_per_run, gpus_per_run, retries)
         else:
             stream = run_local(tasks, workers, retries)
-        for task, outcome in stream:
-            entry = dict(task["entry"], seconds=round(float(outcome.get("seconds", 0.0)), 3))
-            if outcome["ok"]:
-                store.record(task["run_key"], dict(entry, error=None), outcome["payload"])
-                result.computed.append(task["run_key"])
-            else:
-                store.record(task["run_key"], dict(entry, status="failed", error=outcome["error"]), None)
-                result.failed[task["run_key"]] = outcome["error"]
-            if on_result is not None:
-                on_result(task["run_key"], outcome)
+        try:
+            for task, outcome in stream:
+                entry = dict(task["entry"], seconds=round(float(outcome.get("seconds", 0.0)), 3))
+                if outcome["ok"]:
+                    store.record(task["run_key"], dict(entry, error=None), outcome["payload"])
+                    result.computed.append(task["run_key"])
+                else:
+                    store.record(task["run_key"], dict(entry, status="failed", error=outcome["error"]), None)
+                    result.failed[task["run_key"]] = outcome["error"]
+                if on_result is not None:
+                    on_result(task["run_key"], outcome)
+        except KeyboardInterrupt:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # the executor stops its workers (run_local's finally)
+            left = len(tasks) - len(result.computed) - len(result.failed)
+            raise SweepInterrupted(folder, len(result.computed), len(result.skipped), left) from None
         from .summary import collect
 
         result.table, result.losses = collect(store, targets, chosen)
@@ -275,3 +433,28 @@ def sweep(
             )
     result.seconds = time.perf_counter() - started
     return result
+
+
+# is_done's reason -> what a note says changed (a run stored before, computed again)
+CHANGED = {
+    "options changed": "its options changed",
+    "weights changed": "the model's weights (or its adapter's base) changed",
+    "data changed": "a data file its options name changed",
+}
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: the runs finished so far are in the store; the same sweep again
+    computes the rest. ``str()`` is the one line to print."""
+
+    def __init__(self, folder: Path, computed: int, skipped: int, left: int) -> None:
+        super().__init__(folder, computed, skipped, left)
+        self.folder, self.computed, self.skipped, self.left = folder, computed, skipped, left
+
+    def __str__(self) -> str:
+        kept = self.computed + self.skipped
+        return (
+            f"interrupted: {kept} finished run{'s' if kept != 1 else ''} kept in the store {self.folder} "
+            f"({self.computed} computed now), {self.left} not run; run the same sweep again to compute "
+            "the rest"
+        )

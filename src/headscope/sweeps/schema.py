@@ -36,6 +36,7 @@ ENTRY_FIELDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "status": (("string",), True),
     "analysis": (("string",), False),
     "options": (("object",), True),
+    "inputs": (("object",), False),
     "fingerprint": (("string",), True),
     "spec": (("string",), False),
     "label": (("string",), False),

@@ -112,22 +112,47 @@ def check_series(specs: list[str]) -> None:
 
 
 def fingerprint(target: Target) -> str:
-    """A cheap digest of the weights a target loads: for each weight file, its name, size and
-    the SHA-256 of its first and last MiB (hashing multi-GB checkpoints whole would cost minutes)."""
+    """A cheap digest of everything a target loads: for each weight, config and tokenizer file, its
+    name, size and the SHA-256 of its first and last MiB (hashing multi-GB checkpoints whole would
+    cost minutes). An adapter's covers its config and weights, the adapters it stacks on, and its
+    base model's files; a cached hub model's, the commit its cache holds."""
     from headscope.models.spec import resolve
 
     if target.revision is not None:
-        return f"revision:{target.revision}"
+        return _hub(target.spec, target.revision) or f"revision:{target.revision}"
     resolved = resolve(target.spec)
+    if resolved.kind == "adapter":
+        parts = [_files_digest(Path(folder)) for folder in (*resolved.inner, resolved.location)]
+        base = fingerprint(Target(resolved.base or "", resolved.base or "", resolved.base or ""))
+        digest = hashlib.sha256("|".join([*parts, base]).encode()).hexdigest()[:32]
+        return f"adapter:{digest}"
     location = Path(resolved.location)
     if resolved.sha256:
         return f"sha256:{resolved.sha256}"
     if resolved.gguf_file:
-        files = [location / resolved.gguf_file]
-    elif location.is_dir():
-        files = sorted(p for p in location.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
-    else:
-        return f"hub:{resolved.location}"
+        return "head-tail:" + _head_tail([location / resolved.gguf_file])
+    if location.is_dir():
+        return _files_digest(location)
+    return _hub(resolved.location, None) or f"hub:{resolved.location}"
+
+
+_CONFIG_NAMES = ("vocab.txt", "merges.txt")
+
+
+def _files_digest(folder: Path) -> str:
+    """The weights (at any depth) and the JSON configs and tokenizer files (beside them) of a model
+    or adapter folder."""
+    weights = {p for p in folder.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES}
+    configs = {
+        p
+        for p in folder.iterdir()
+        if p.is_file() and (p.suffix in (".json", ".model") or p.name in _CONFIG_NAMES)
+    }
+    files = sorted(weights | configs)
+    return "head-tail:" + _head_tail(files)
+
+
+def _head_tail(files: list[Path]) -> str:
     digest = hashlib.sha256()
     for file in files:
         size = file.stat().st_size
@@ -137,4 +162,15 @@ def fingerprint(target: Target) -> str:
             if size > 2 << 20:
                 handle.seek(-(1 << 20), 2)
                 digest.update(handle.read())
-    return "head-tail:" + digest.hexdigest()[:32]
+    return digest.hexdigest()[:32]
+
+
+def _hub(repo_id: str, revision: str | None) -> str | None:
+    """``hub:ID@COMMIT`` for a hub model in the local cache (a branch that moved is a new commit)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached (or no hub library): the run itself will say so
+        return None
+    return f"hub:{repo_id}@{Path(folder).name}"

@@ -2,9 +2,11 @@
 
 * Result files are JSON, written atomically (temporary file, then rename) by the driver alone,
   and never rewritten once valid, so a rerun leaves finished files byte-identical.
-* The manifest records each run's spec, step, weights fingerprint, headscope version, options,
-  status (done / failed) and the SHA-256 of its result file. A run is done when its entry says so,
-  its options and fingerprint match, and its file's checksum matches; anything else is run again.
+* The manifest records each run's spec, step, weights fingerprint (an adapter's covers its base
+  model's weights too), headscope version, options (every option the run read, given or default),
+  the digests of the data files its options name (``inputs``), status (done / failed) and the
+  SHA-256 of its result file. A run is done when its entry says so, its options, fingerprint and
+  inputs match, and its file's checksum matches; anything else is run again, with a note.
 * ``manifest.json`` follows :mod:`headscope.sweeps.schema`; a manifest that is not valid JSON or
   breaks the schema is refused (exit 2, naming the JSON path), never silently discarded.
 * ``.lock`` keeps two sweeps from writing one store. It holds "PID HOST". A lock is stale, and taken
@@ -212,8 +214,15 @@ class Store:
     def file_of(self, run_key: str) -> Path:
         return self.results / f"{run_key}.json"
 
-    def is_done(self, run_key: str, options: dict[str, Any], fingerprint: str) -> tuple[bool, str]:
-        """(done, why not)."""
+    def is_done(
+        self,
+        run_key: str,
+        options: dict[str, Any],
+        fingerprint: str,
+        inputs: dict[str, str] | None = None,
+    ) -> tuple[bool, str]:
+        """(done, why not). ``inputs`` (the digests of the data files the options name) are compared
+        when given."""
         entry = self.runs.get(run_key)
         if entry is None:
             return False, "new"
@@ -223,6 +232,8 @@ class Store:
             return False, "options changed"
         if entry.get("fingerprint") != fingerprint:
             return False, "weights changed"
+        if inputs is not None and (entry.get("inputs") or {}) != inputs:
+            return False, "data changed"
         path = self.file_of(run_key)
         if not path.exists():
             return False, "result file missing"
