@@ -157,3 +157,25 @@ def test_texts_too_short_for_the_score_are_refused_before_the_forward_passes(toy
 def test_contexts_that_cannot_give_a_score_are_refused(toy, files, no_forward_pass, options, message):
     with pytest.raises(InputError, match=message):
         _icl(toy, text=files["texts"], tasks="none", **options)
+
+
+def test_icl_tasks_and_ordinal_sets_share_one_yaml_line_loader(files, tmp_path, monkeypatch):
+    from headscope.data import icl as icl_data
+    from headscope.data import ordinal, yamlines
+
+    loaded = yamlines.parse("name: x\npairs:\n  - [a, b]\n  - [c, d]\n", "t.yaml", "see t")
+    assert yamlines.key_line(loaded, "pairs") == 2 and loaded["pairs"].lines == [3, 4]
+    assert yamlines.fields(loaded) == {"name": "x", "pairs": [["a", "b"], ["c", "d"]]}
+    for module in (icl_data, ordinal):  # no copy of the loader is left in either module
+        assert not [name for name in vars(module) if name.endswith("Loader") or name == "_LinedList"]
+    seen = []
+    real = yamlines.parse
+    monkeypatch.setattr(yamlines, "parse", lambda *a: seen.append(a[1]) or real(*a))
+    icl_data.load_task(files["t12"])
+    sets = tmp_path / "ordinal.yaml"
+    sets.write_text("name: o\ntasks:\n  - name: n\n    members: [t1, t2, t3]\n", encoding="utf-8")
+    ordinal.load_ordinal(sets)
+    assert [s.rsplit("/", 1)[-1] for s in seen] == ["t12.yaml", "ordinal.yaml"]
+    with pytest.raises(hs.HeadscopeError, match=r"ordinal.yaml:3: malformed YAML.*configs/ordinal/en.yaml"):
+        sets.write_text("name: o\ntasks: [\n", encoding="utf-8")
+        ordinal.load_ordinal(sets)

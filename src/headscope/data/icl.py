@@ -34,16 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from headscope.data.prompts import _LineLoader, _read_text, configs_dir, describe_value, display_path
+from headscope.data import yamlines
+from headscope.data.prompts import _read_text, configs_dir, describe_value, display_path
+from headscope.data.yamlines import key_line as _key_line
 from headscope.errors import InputError, PromptSetError, elide, one_line
 
 TASK_KEYS = {"name", "lang", "description", "pairs"}
 # A 10-shot prompt needs ten demonstrations and a query, each a different pair.
 MIN_PAIRS = 12
 _NAME = re.compile(r"^[\w.+-]+$")
-_KEY_LINES = "__key_lines__"
 _FORMAT_HINT = "see configs/icl/antonym-en.yaml for the format"
 
 
@@ -113,50 +112,8 @@ SHIPPED_DIR = _shipped_dir()
 # --- loading -------------------------------------------------------------------------------------
 
 
-class _LinedList(list):  # type: ignore[type-arg]
-    """A YAML sequence that remembers the 1-based line of each element in ``lines``."""
-
-    lines: list[int]
-
-
-class _ICLLoader(_LineLoader):
-    """``_LineLoader`` that also records the line of every mapping key and sequence element."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        mapping = super().construct_mapping(node, deep=deep)
-        mapping[_KEY_LINES] = {
-            key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)
-        }
-        return mapping
-
-    def _construct_lined_seq(self, node: yaml.SequenceNode) -> Any:
-        data = _LinedList()
-        data.lines = [child.start_mark.line + 1 for child in node.value]
-        yield data
-        data.extend(self.construct_sequence(node))
-
-
-_ICLLoader.add_constructor(
-    "tag:yaml.org,2002:seq",
-    _ICLLoader._construct_lined_seq,  # type: ignore[arg-type]
-)
-
-
-def _key_line(raw: dict[str, Any], key: str) -> int:
-    return int(raw.get(_KEY_LINES, {}).get(key, raw.get("__line__", 1)))
-
-
 def _parse(path: Path, shown: str) -> Any:
-    text = _read_text(path)
-    try:
-        return yaml.load(text, Loader=_ICLLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise PromptSetError(
-            f"{shown}:{line}: malformed YAML: {problem}", hint=f"fix the YAML syntax; {_FORMAT_HINT}"
-        ) from exc
+    return yamlines.parse(_read_text(path), shown, _FORMAT_HINT)
 
 
 def _header_string(data: dict[str, Any], key: str, shown: str, hint: str) -> str:
@@ -210,7 +167,7 @@ def load_task(path: str | Path) -> ICLTask:
             f"got {describe_value(data)}",
             hint=_FORMAT_HINT,
         )
-    unknown = sorted(map(str, set(data) - TASK_KEYS - {"__line__", _KEY_LINES}))
+    unknown = sorted(map(str, set(yamlines.fields(data)) - TASK_KEYS))
     if unknown:
         raise PromptSetError(
             f"{shown}:{_key_line(data, unknown[0])}: unknown key(s) {elide(', '.join(unknown))}",

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from headscope.data.prompts import _LineLoader, _read_text, describe_value, display_path
+from headscope.data import yamlines
+from headscope.data.prompts import _read_text, describe_value, display_path
+from headscope.data.yamlines import fields as _fields
+from headscope.data.yamlines import key_line as _key_line
 from headscope.errors import PromptSetError, elide
 
 SET_KEYS = {"name", "description", "lang", "tasks"}
@@ -35,7 +36,6 @@ MIN_MEMBERS = 3
 
 # CJK ideographs (unified, extension A, compatibility): a member containing one makes a set "zh".
 _CJK_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_KEY_LINES = "__key_lines__"
 
 
 @dataclass(frozen=True)
@@ -66,56 +66,8 @@ class OrdinalSet:
         raise KeyError(f"no task '{name}' in {self.name}; known: {', '.join(t.name for t in self.tasks)}")
 
 
-class _LinedList(list):  # type: ignore[type-arg]
-    """A YAML sequence that remembers the 1-based line of each element in ``lines``."""
-
-    lines: list[int]
-
-
-class _OrdinalLoader(_LineLoader):
-    """``_LineLoader`` that also records the line of every mapping key and sequence element."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        mapping = super().construct_mapping(node, deep=deep)
-        key_lines = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                key_lines[key_node.value] = key_node.start_mark.line + 1
-        mapping[_KEY_LINES] = key_lines
-        return mapping
-
-    def _construct_lined_seq(self, node: yaml.SequenceNode) -> Any:
-        data = _LinedList()
-        data.lines = [child.start_mark.line + 1 for child in node.value]
-        yield data
-        data.extend(self.construct_sequence(node))
-
-
-_OrdinalLoader.add_constructor(
-    "tag:yaml.org,2002:seq",
-    _OrdinalLoader._construct_lined_seq,  # type: ignore[arg-type]
-)
-
-
 def _parse(path: Path, text: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_OrdinalLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise PromptSetError(
-            f"{display_path(path)}:{line}: malformed YAML: {problem}",
-            hint="fix the YAML syntax; see configs/ordinal/en.yaml for the format",
-        ) from exc
-
-
-def _fields(raw: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in raw.items() if k not in {"__line__", _KEY_LINES}}
-
-
-def _key_line(raw: dict[str, Any], key: str) -> int:
-    return int(raw.get(_KEY_LINES, {}).get(key, raw.get("__line__", 1)))
+    return yamlines.parse(text, display_path(path), "see configs/ordinal/en.yaml for the format")
 
 
 def _check_keys(raw: dict[str, Any], allowed: set[str], shown: str, what: str) -> None:
