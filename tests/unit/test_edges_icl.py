@@ -179,3 +179,37 @@ def test_icl_tasks_and_ordinal_sets_share_one_yaml_line_loader(files, tmp_path, 
     with pytest.raises(hs.HeadscopeError, match=r"ordinal.yaml:3: malformed YAML.*configs/ordinal/en.yaml"):
         sets.write_text("name: o\ntasks: [\n", encoding="utf-8")
         ordinal.load_ordinal(sets)
+
+
+def test_kv_plan_names_apply_context_when_its_text_is_too_short(tmp_path, monkeypatch):
+    """--context 64 --apply-context 120 on a text of about 100 tokens: the refusal names the option
+    that asked for 120 tokens, and comes before the scoring passes."""
+    from conftest import kv_toy_module
+
+    from headscope.analyses import kvplan
+
+    kv = kv_toy_module()
+    toy = kv.build_kv_toy()
+    needles = kv.write_needles(tmp_path / "needles.yaml")
+    haystack = tmp_path / "haystack.txt"
+    haystack.write_text("\n".join(kv.haystack_lines(400)) + "\n", encoding="utf-8")
+    short = tmp_path / "short.txt"
+    short.write_text("\n".join(kv.haystack_lines(400)[:12]) + "\n", encoding="utf-8")
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("kv-plan scored before refusing")
+
+    monkeypatch.setattr(kvplan, "score", refuse)
+    options = dict(sink=4, recent=12, depths="0.5", needles=0, resamples=0, data=str(needles))
+    with pytest.raises(InputError) as found:
+        hs.kv_plan(
+            toy.model,
+            toy.tokenizer,
+            context="64",
+            apply_context="120",
+            text=str(short),
+            haystack=str(haystack),
+            **options,
+        )
+    assert "shorter than --apply-context 120 tokens" in str(found.value)
+    assert "--context 120" not in str(found.value)

@@ -613,9 +613,18 @@ def build_inputs(
     text_chunks: int,
     batch_size: int,
     seed: int,
+    *,
+    flag: str = "--context",
 ) -> tuple[Inputs, list[str], list[list[int]]]:
-    """The needle prompts and the stretches of natural text at ``contexts``, batched; notes on them."""
-    prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
+    """The needle prompts and the stretches of natural text at ``contexts``, batched; notes on them.
+    ``flag``: the option that asked for these lengths, named in a refusal (``--apply-context``)."""
+    try:
+        prompts = build_prompts(loaded, needles, haystack, contexts, depths, seed=seed)
+    except InputError as exc:
+        # build_prompts names the lengths "--context N"; these may be --apply-context's
+        if flag == "--context" or not exc.message.startswith("--context "):
+            raise
+        raise InputError(flag + exc.message.removeprefix("--context"), hint=exc.hint) from None
     batches = needle_batches(loaded, prompts, batch_size)
     rows: list[list[int]] = []
     specials: list[list[bool]] = []
@@ -626,7 +635,7 @@ def build_inputs(
     notes = []
     if not rows:
         raise InputError(
-            f"the natural text is shorter than --context {max(contexts)} tokens",
+            f"the natural text is shorter than {flag} {max(contexts)} tokens",
             hint="give a longer --text file",
         )
     if len(rows) < text_chunks * len(contexts):
@@ -650,10 +659,12 @@ def build_inputs(
     return Inputs(prompts, batches, text_batches, sink + recent), notes, rows
 
 
-def _apply_at(loaded: LoadedModel, scored: Scored, prepared: Any, options: Any, progress: Any) -> None:
-    """Swap the plan's checking inputs for prompts and text at ``--apply-context``, with their own
-    full-attention reference: the plans ranked on the scoring lengths are then applied there."""
-    inputs, notes, rows = build_inputs(
+def _applied_inputs(
+    loaded: LoadedModel, prepared: Any, options: Any
+) -> tuple[Inputs, list[str], list[list[int]]]:
+    """The prompts and text at ``--apply-context`` (tokenized only: built, and refused, before the
+    first forward pass)."""
+    return build_inputs(
         loaded,
         prepared.needles,
         prepared.haystack,
@@ -665,7 +676,20 @@ def _apply_at(loaded: LoadedModel, scored: Scored, prepared: Any, options: Any, 
         options.text_chunks,
         options.batch_size,
         options.seed,
+        flag="--apply-context",
     )
+
+
+def _apply_at(
+    loaded: LoadedModel,
+    scored: Scored,
+    prepared: Any,
+    applied: tuple[Inputs, list[str], list[list[int]]],
+    progress: Any,
+) -> None:
+    """Swap the plan's checking inputs for prompts and text at ``--apply-context``, with their own
+    full-attention reference: the plans ranked on the scoring lengths are then applied there."""
+    inputs, notes, rows = applied
     plan = scored.plan
     plan.full = evaluate(loaded, inputs, None, progress, "full attention (applied)")
     plan.applied_contexts = list(prepared.applied)
@@ -960,6 +984,7 @@ class KVPlanAnalysis(Analysis):
                     f"--apply-context {context} is longer than {loaded.name}'s context of {limit} tokens",
                     hint=f"use at most {limit}",
                 )
+        applied = None if prepared.applied is None else _applied_inputs(loaded, prepared, options)
         scored = score(
             loaded,
             prepared.needles,
@@ -977,8 +1002,8 @@ class KVPlanAnalysis(Analysis):
             seed=options.seed,
             progress=progress,
         )
-        if prepared.applied is not None:
-            _apply_at(loaded, scored, prepared, options, progress)
+        if applied is not None:
+            _apply_at(loaded, scored, prepared, applied, progress)
         return Outcome(scored.report, state={"scored": scored, "sparsities": prepared.sparsities})
 
     def wants_verify(self, options: KVPlanOptions) -> bool:
