@@ -9,13 +9,22 @@ A plugin is a package that declares an entry point in the group of the kind::
 The object an entry point names is a declaration (or a list of them). Plugins load on the first
 read of the registry, not when headscope is imported. A plugin that fails to import, names
 something that is not a declaration, or takes a name that is already taken, is named in one
-warning (:class:`PluginWarning`) and left out; it never stops the other commands.
+warning (:class:`PluginWarning`) and left out; it never stops the other commands (a plugin that
+calls ``sys.exit`` while it imports is left out the same way; Ctrl-C still stops).
+
+Names that headscope gives to something else (``compare``, ``sweep``: functions of the API and
+commands of the CLI that are not analyses) are reserved: ``hs.register`` refuses them, a plugin
+that takes one is named in a warning and left out. Every read and every registration holds one
+lock, so threads registering at once, or racing the first read (which loads the plugins), never
+leave two declarations of one name or one role label.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from headscope.errors import InputError
@@ -25,6 +34,33 @@ T = TypeVar("T")
 
 class PluginWarning(UserWarning):
     """A plugin that was left out, and why (the CLI prints it as one line on stderr)."""
+
+
+# ``hs.<name>`` functions that are not analyses (``hs.compare``, ``hs.plan_options``): an analysis
+# of one of these names (``-`` read as ``_``) would be listed but ``hs.<name>`` never reaches it.
+API_NAMES = ("compare", "load", "option", "plan", "plan_options", "register", "run", "show", "sweep")
+# ``headscope <name>`` commands that are not analyses: the command wins, the analysis is never run.
+CLI_COMMANDS = ("compare", "detectors", "info", "models", "report", "show", "sweep")
+
+
+def reserved_analysis_name(name: str) -> str | None:
+    """Why ``name`` cannot name an analysis (an API function, a CLI command, a subpackage), or None."""
+    python = name.replace("-", "_")
+    taken = []
+    if python in API_NAMES:
+        taken.append(f"hs.{python} is headscope's own function")
+    if name in CLI_COMMANDS or python in CLI_COMMANDS:
+        taken.append(f"`headscope {name}` is headscope's own command")
+    here = Path(__file__).parent
+    if python not in API_NAMES and ((here / python).is_dir() or (here / f"{python}.py").is_file()):
+        taken.append(f"headscope.{python} is a module of headscope")
+    if not taken:
+        return None
+    return f"{' and '.join(taken)}, not an analysis: an analysis of that name would never be reached"
+
+
+# Names a registry's group cannot give, whatever declares them: group -> (name -> why or None).
+RESERVED: dict[str, Callable[[str], str | None]] = {"headscope.analyses": reserved_analysis_name}
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -51,56 +87,82 @@ class Registry(Mapping[str, T], Generic[T]):
         self._runtime: dict[str, T] = {}
         self._origin: dict[str, str] = {}  # name -> the package it came from (plugins)
         self._loaded = False
+        # One lock for loading, registering and reading: re-entrant, so a plugin that reads the
+        # registry while it imports (during the first read) finds it, half loaded, in this thread.
+        self._lock = threading.RLock()
+
+    def reserved(self, name: str) -> str | None:
+        """Why ``name`` is not this registry's to give (see :data:`RESERVED`), or None."""
+        check = RESERVED.get(self.group)
+        return None if check is None else check(name)
+
+    def _accepted(self, obj: Any) -> T:
+        """``accept(obj)``, with its TypeError (not a declaration) as an InputError for a caller."""
+        try:
+            return self._accept(obj)
+        except TypeError as exc:
+            raise InputError(str(exc)) from None
 
     # --- adding ---------------------------------------------------------------------------------
     def add_builtin(self, obj: Any) -> T:
         found = self._accept(obj)
-        self._builtin[self._name_of(found)] = found
+        with self._lock:
+            self._builtin[self._name_of(found)] = found
         return found
 
     def register(self, obj: Any) -> T:
-        """Add ``obj`` at run time (``hs.register``). Taking a built-in's or a plugin's name is
-        refused; registering the same name again replaces the earlier run-time one (a notebook
-        cell run twice)."""
-        found = self._accept(obj)
+        """Add ``obj`` at run time (``hs.register``). Taking a built-in's or a plugin's name, a
+        reserved name, or a role label that another declaration holds is refused; registering the
+        same name again replaces the earlier run-time one (a notebook cell run twice)."""
+        found = self._accepted(obj)
         name = self._name_of(found)
-        self._load()
-        if name in self._builtin:
-            raise InputError(
-                f"{self.kind} {name!r} is a built-in {self.kind}", hint="choose another name for yours"
-            )
-        if name in self._plugins:
-            raise InputError(
-                f"{self.kind} {name!r} is already defined by the plugin {self._origin[name]}",
-                hint="choose another name for yours",
-            )
-        others = {k: v for k, v in self._all().items() if k != name}
-        why = self._clash(found, others)
+        why = self.reserved(name)
         if why is not None:
-            raise InputError(f"{self.kind} {name!r}: {why}", hint="choose another")
-        self._runtime[name] = found
+            raise InputError(f"{self.kind} {name!r}: {why}", hint="choose another name for yours")
+        with self._lock:  # the checks and the addition at once: a second thread sees either none or both
+            self._load()
+            if name in self._builtin:
+                raise InputError(
+                    f"{self.kind} {name!r} is a built-in {self.kind}", hint="choose another name for yours"
+                )
+            if name in self._plugins:
+                raise InputError(
+                    f"{self.kind} {name!r} is already defined by the plugin {self._origin[name]}",
+                    hint="choose another name for yours",
+                )
+            others = {k: v for k, v in self._all().items() if k != name}
+            why = self._clash(found, others)
+            if why is not None:
+                raise InputError(f"{self.kind} {name!r}: {why}", hint="choose another")
+            self._runtime[name] = found
         return found
 
     def unregister(self, name: str) -> None:
         """Remove a run-time registration (built-ins and plugins stay)."""
-        if name not in self._runtime:
-            raise InputError(f"{self.kind} {name!r} was not registered at run time")
-        del self._runtime[name]
+        with self._lock:
+            if name not in self._runtime:
+                raise InputError(f"{self.kind} {name!r} was not registered at run time")
+            del self._runtime[name]
 
     def origin(self, name: str) -> str:
         """'built-in', 'plugin PACKAGE' or 'registered at run time'."""
-        self._load()
-        if name in self._builtin:
-            return "built-in"
-        if name in self._plugins:
-            return f"plugin {self._origin[name]}"
-        return "registered at run time"
+        with self._lock:
+            self._load()
+            if name in self._builtin:
+                return "built-in"
+            if name in self._plugins:
+                return f"plugin {self._origin[name]}"
+            return "registered at run time"
 
     # --- plugins --------------------------------------------------------------------------------
     def _load(self) -> None:
-        if self._loaded:
-            return
-        self._loaded = True
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            self._load_plugins()
+
+    def _load_plugins(self) -> None:
         from importlib.metadata import entry_points
 
         for point in entry_points(group=self.group):
@@ -108,31 +170,40 @@ class Registry(Mapping[str, T], Generic[T]):
             where = f"plugin {package} ({self.group}: {point.name} = {point.value})"
             try:
                 loaded = point.load()
-            except Exception as exc:  # noqa: BLE001 - a broken plugin is named and skipped
+            # A broken plugin is named and skipped, also one that calls sys.exit while importing;
+            # KeyboardInterrupt (Ctrl-C) is the user's, and stops.
+            except (Exception, SystemExit) as exc:  # noqa: BLE001
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 _warn(f"{where} failed to import ({type(exc).__name__}: {first}); left out")
                 continue
             for obj in loaded if isinstance(loaded, list | tuple) else [loaded]:
                 try:
                     found = self._accept(obj)
-                except (TypeError, InputError) as exc:
-                    _warn(f"{where}: {str(exc).splitlines()[0]}; left out")
+                    name = self._name_of(found)
+                except Exception as exc:  # noqa: BLE001 - not a declaration, or one that fails its checks
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    _warn(f"{where}: {first}; left out")
                     continue
-                name = self._name_of(found)
+                reserved = self.reserved(name)
                 if name in self._builtin:
                     _warn(f"{where}: {self.kind} {name!r} collides with a built-in {self.kind}; left out")
+                elif reserved is not None:
+                    _warn(f"{where}: {self.kind} {name!r}: {reserved}; left out")
                 elif name in self._plugins:
                     _warn(
                         f"{where}: {self.kind} {name!r} is already defined by {self._origin[name]}; left out"
                     )
+                elif (why := self._clash(found, {**self._builtin, **self._plugins})) is not None:
+                    _warn(f"{where}: {self.kind} {name!r}: {why}; left out")
                 else:
                     self._plugins[name] = found
                     self._origin[name] = package
 
     # --- reading --------------------------------------------------------------------------------
     def _all(self) -> dict[str, T]:
-        self._load()
-        return {**self._builtin, **self._plugins, **self._runtime}
+        with self._lock:
+            self._load()
+            return {**self._builtin, **self._plugins, **self._runtime}
 
     def __getitem__(self, name: str) -> T:
         return self._all()[name]
@@ -149,18 +220,22 @@ class Registry(Mapping[str, T], Generic[T]):
     def __setitem__(self, name: str, obj: Any) -> None:
         """Put ``obj`` under ``name`` for this process, over any other of that name (tests patch
         the registry this way; users call :meth:`register`, which refuses to shadow)."""
-        self._load()
-        self._runtime[name] = self._accept(obj)
+        found = self._accept(obj)
+        with self._lock:
+            self._load()
+            self._runtime[name] = found
 
     def __delitem__(self, name: str) -> None:
-        for layer in (self._runtime, self._plugins, self._builtin):
-            if name in layer:
-                del layer[name]
-                return
+        with self._lock:
+            for layer in (self._runtime, self._plugins, self._builtin):
+                if name in layer:
+                    del layer[name]
+                    return
         raise KeyError(name)
 
     def builtins(self) -> dict[str, T]:
-        return dict(self._builtin)
+        with self._lock:
+            return dict(self._builtin)
 
 
 def _warn(message: str) -> None:

@@ -75,7 +75,8 @@ def scan_rows(model: str, scores: dict[tuple[int, int], float], roles: set[tuple
 
 
 def test_compare_is_exact_on_known_changes():
-    a = scan_rows("A", {(0, 0): 0.1, (0, 1): 0.2, (1, 0): 0.9, (1, 1): 0.5}, {(1, 0)})
+    # One layout (3 layers x 2 heads) on both sides, heads missing on either: heads pair by position.
+    a = scan_rows("A", {(0, 0): 0.1, (0, 1): 0.2, (1, 0): 0.9, (1, 1): 0.5, (2, 1): 0.3}, {(1, 0)})
     b = scan_rows("B", {(0, 0): 0.1, (0, 1): 0.6, (1, 0): 0.4, (2, 0): 0.95}, {(0, 1), (2, 0)})
     result = compare(a, b)
     (table,) = result.tables

@@ -133,6 +133,7 @@ def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -
             r.baseline_range(),
         )
         for r in results
+        if r.n > 0  # nothing counted: no table (head_table leaves it out; a note says why)
     ]
 
 

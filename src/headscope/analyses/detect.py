@@ -10,11 +10,14 @@ heads ablated against random same-layer heads, by the prompts' next-token loss).
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from headscope import detectors
@@ -72,16 +75,42 @@ class DetectInputs:
     rule: RoleRule
 
 
+PROMPT_SUFFIXES = (".yaml", ".yml", ".jsonl", ".txt")
+# One string that reads as a file name ("prompts.csv", "data/texts.tsv"): no space, a suffix.
+_FILE_NAME = re.compile(r"^\S+\.[A-Za-z][A-Za-z0-9]{0,5}$")
+
+
+def _names_a_file(text: str) -> bool:
+    """A ``prompts=`` string meant as a path: it names something on disk, or reads as a file name."""
+    try:
+        exists = os.path.exists(text)
+    except (OSError, ValueError):  # a name the file system cannot take (NUL, too long): a text
+        exists = False
+    return exists or bool(_FILE_NAME.match(text))
+
+
+def _prompt_file(prompts: str | os.PathLike) -> PromptSet:
+    path = Path(prompts)
+    shown = f"prompts={os.fspath(prompts)!r}"
+    suffix = path.suffix.lower()
+    formats = "a prompt set is .yaml, .yml, .jsonl or .txt (one text per line)"
+    if path.is_dir():
+        raise InputError(f"detect: {shown} is a folder; {formats}", hint="pass the prompt-set file")
+    if suffix not in (*PROMPT_SUFFIXES, ""):  # no suffix: one text per line, as .txt
+        raise InputError(
+            f"detect: {shown} is a {suffix} file; {formats}",
+            hint="convert it, or pass the texts themselves as a list: prompts=['first text', ...]",
+        )
+    if not path.is_file():
+        raise InputError(f"detect: {shown}: no such file", hint="check the path; " + formats)
+    return load_texts(path)
+
+
 def _prompt_set(prompts: Any) -> PromptSet:
     if prompts is None:
         raise InputError("detect: prompts= is required", hint="a list of texts, or a prompt set file")
-    if isinstance(prompts, str | Path) and Path(prompts).suffix.lower() in (
-        ".yaml",
-        ".yml",
-        ".jsonl",
-        ".txt",
-    ):
-        return load_texts(prompts)
+    if isinstance(prompts, os.PathLike) or (isinstance(prompts, str) and _names_a_file(prompts)):
+        return _prompt_file(prompts)
     if isinstance(prompts, str):
         prompts = [prompts]
     items = []
@@ -142,6 +171,22 @@ class Detect(_TableChecked):
                 f"detect: name={options.name!r} is the {detectors.REGISTRY.origin(options.name)} detector",
                 hint="choose another name= for your pattern",
             )
+        reserved = detectors.reserved_detector_name(options.name)
+        if reserved is not None and options.name not in detectors.PATTERNS:  # a pattern replaces its own
+            raise InputError(f"detect: name={options.name!r}: {reserved}", hint="choose another name=")
+        # A role label names one role in the role map and the legends, whoever declared it.
+        label = options.label or options.name
+        owner = detectors.label_owner(label, pattern=options.name)
+        if owner is not None:
+            if options.label is not None:
+                raise InputError(
+                    f"detect: label={label!r} is the role label of {owner}",
+                    hint="choose another label= for your pattern's role",
+                )
+            raise InputError(
+                f"detect: name={label!r} is also the role's label (no label= given), and {owner} has that label",
+                hint="pass another label=, or choose another name=",
+            )
         prompt_set = _prompt_set(options.prompts)
         return DetectInputs(
             prompt_set,
@@ -155,13 +200,18 @@ class Detect(_TableChecked):
         if callable(prepared.pattern):
             made = []
             for index, ids in enumerate(sequences):
+                where = f"pattern {options.name!r}: pattern({prompt_set.items[index].source}'s token ids)"
                 try:
-                    made.append(prepared.pattern(torch.tensor(ids, dtype=torch.long)))
+                    found = prepared.pattern(torch.tensor(ids, dtype=torch.long))
                 except Exception as exc:  # noqa: BLE001 - the user's function: say which prompt
+                    raise InputError(f"detect: {where} raised {type(exc).__name__}: {exc}") from exc
+                if not isinstance(found, torch.Tensor | np.ndarray):
                     raise InputError(
-                        f"detect: pattern({prompt_set.items[index].source}'s token ids) raised "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
+                        f"detect: {where} returned {type(found).__name__}, not a [T, T] tensor",
+                        hint=f"the function gets the {len(ids)} token ids of one prompt and returns a "
+                        f"[{len(ids)}, {len(ids)}] tensor",
+                    )
+                made.append(found)
         else:
             made = list(prepared.pattern)
         patterns = check_patterns(options.name, made, [len(s) for s in sequences], loaded.is_causal)

@@ -20,7 +20,7 @@ from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
 from headscope.detectors.syntax import SyntaxDetector
 from headscope.detectors.target import PatternDetector, TargetDetector, Targets, check_name, check_source
 from headscope.errors import InputError
-from headscope.registry import Registry
+from headscope.registry import RESERVED, Registry
 
 # The scan's parts that run their own detectors on their own data (syntax(), coref(), ioi(), …).
 BUILT_IN_PARTS = ("treebank", "coref", "ioi", "retrieval")
@@ -42,33 +42,94 @@ def _accept(obj: Any) -> Declaration:
         check_name(obj.name)
         if obj.default_source not in BUILT_IN_PARTS:  # the scan's own parts read their own sets
             check_source(obj.default_source, obj.name)
+            _check_own_set(obj.name, obj.default_source)
         return obj
     if isinstance(obj, PatternDetector):
         raise TypeError(
             f"{obj!r} holds one pattern per prompt of its own: run it with hs.detect, not in a scan"
         )
     if isinstance(obj, Detector) and callable(obj):
+        _check_own_set(obj.name, obj.default_source)
         return obj
     raise TypeError(
         f"{obj!r} is not a detector: give a headscope.TargetDetector, or a headscope.Detector subclass"
     )
 
 
+def _check_own_set(name: str, source: str) -> None:
+    """A declaration scored on a prompt set of its own: the file is there when it is declared (the
+    scan reads it later; a plugin whose file went missing is left out with its name, not the scan)."""
+    if source in BUILT_IN_PARTS or source in ("text", "repeated-tokens"):
+        return
+    from pathlib import Path
+
+    path = Path(source)
+    if not path.is_file():
+        what = "is a folder, not a prompt-set file" if path.is_dir() else "does not exist"
+        raise InputError(
+            f"detector {name!r}: its prompt set {source} {what}",
+            hint="give source= the path of a .yaml, .jsonl or .txt prompt set that exists",
+        )
+
+
+def label_owner(
+    label: str, registered: dict[str, Declaration] | None = None, *, pattern: str | None = None
+) -> str | None:
+    """Who already gives the role label ``label`` (a registered detector, a score's table, a
+    weight-only role, an ``hs.detect`` pattern other than ``pattern``), or None: a label names one
+    role, and the role map and the legends look roles up by it."""
+    from headscope.weightroles import summaries as weights_tables
+
+    if registered is None:
+        registered = dict(REGISTRY)
+    owners: list[tuple[str, list[RoleSpec]]] = [
+        (f"detector {name!r}", other.role_specs()) for name, other in registered.items()
+    ]
+    owners += [(f"the score {name!r}", score.role_specs()) for name, score in SCORES.items()]
+    owners += [(f"the weight-only role {name!r}", [spec]) for name, spec in weights_tables.ROLES.items()]
+    owners += [
+        (f"the hs.detect pattern {name!r}", found.role_specs())
+        for name, found in PATTERNS.items()
+        if name != pattern
+    ]
+    for owner, specs in owners:
+        if any(label == taken.label for spec in specs for taken in spec.labels()):
+            return owner
+    return None
+
+
+def reserved_detector_name(name: str) -> str | None:
+    """Why ``name`` cannot name a scan's detector: the scan's word for its weight-only roles, a
+    score's table, or an ``hs.detect`` pattern's (its tables would find the wrong role)."""
+    if name == "weights":
+        return "--detectors weights names the scan's weight-only roles, not a detector"
+    if name in SCORES:
+        return f"{name!r} names the tables of the {SCORES[name].summary!r} score"
+    if name in PATTERNS:
+        return f"{name!r} names an hs.detect pattern of this session"
+    from headscope.weightroles import summaries as weights_tables
+
+    if name in weights_tables.ROLES:
+        return f"{name!r} names the scan's weight-only {name} table"
+    return None
+
+
 def _label_taken(new: Declaration, registered: dict[str, Declaration]) -> str | None:
-    """A role label names one role: the role map and the legends look roles up by it."""
+    """A role label names one role: the role map and the legends look roles up by it. Checked
+    against every source: built-ins, plugins, run-time declarations, scores, weight-only roles and
+    hs.detect's patterns."""
     for spec in new.role_specs():
         for label in spec.labels():
-            for name, other in registered.items():
-                if not isinstance(other, PatternDetector) and any(
-                    label.label == taken.label for s in other.role_specs() for taken in s.labels()
-                ):
-                    return f"its role label {label.label!r} is the label of detector {name!r}"
+            owner = label_owner(label.label, registered)
+            if owner is not None:
+                return f"its role label {label.label!r} is the label of {owner}"
     return None
 
 
 REGISTRY: Registry[Declaration] = Registry(
     "detector", "headscope.detectors", _accept, lambda d: d.name, _label_taken
 )
+RESERVED[REGISTRY.group] = lambda name: reserved_detector_name(name)
 for _builtin in (
     PreviousTokenDetector,
     DuplicateTokenDetector,
@@ -124,6 +185,7 @@ __all__ = [
     "Declaration",
     "PATTERNS",
     "declared",
+    "label_owner",
     "Detector",
     "DetectorResult",
     "PatternDetector",

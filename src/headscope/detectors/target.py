@@ -23,7 +23,7 @@ import torch
 
 from headscope.capture import Batch
 from headscope.capture.rows import Pairs, PairWeights
-from headscope.errors import HeadscopeError, InputError
+from headscope.errors import HeadscopeError, InputError, RunFailure
 from headscope.rolespec import RoleSpec
 
 from .base import Detector
@@ -142,48 +142,75 @@ class TargetDetector(_Declared):
         """This detector's targets in ``batch``, checked once per batch and kept with it."""
         key = f"targets:{self.name}"
         if key not in batch._cache:
-            batch._cache[key] = checked_targets(self.name, self.targets(batch), batch)  # type: ignore[assignment]
+            try:
+                found = self.targets(batch)
+            except Exception as exc:  # noqa: BLE001 - the declaration's own code: say whose it is
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                raise RunFailure(
+                    f"{describe(self.name)}: its targets(batch) raised {type(exc).__name__}: {first}",
+                    hint="a bug in the detector's targets function; leave it out with --detectors "
+                    "(detectors= in Python) until it is fixed",
+                ) from exc
+            batch._cache[key] = checked_targets(self.name, found, batch)  # type: ignore[assignment]
         return batch._cache[key]  # type: ignore[return-value]
+
+
+def describe(name: str) -> str:
+    """``detector 'name'``, with where it comes from when it is not a built-in (its plugin package,
+    or the run-time registration), for messages about its declaration's own code."""
+    from headscope.detectors import REGISTRY
+
+    origin = REGISTRY.origin(name) if name in REGISTRY else None
+    return f"detector {name!r}" if origin in (None, "built-in") else f"detector {name!r} ({origin})"
 
 
 def checked_targets(name: str, found: Any, batch: Batch) -> Targets:
     """Targets as the pooling reads them: validated, repeated entries dropped, and each query's
     entries next to each other (sorted by row and query only when they are not already)."""
+    who = describe(name)
     if not (isinstance(found, tuple | list) and len(found) == 3):
-        raise HeadscopeError(f"detector {name!r}: targets(batch) must return (rows, queries, keys)")
+        raise HeadscopeError(
+            f"{who}: targets(batch) must return (rows, queries, keys), got {type(found).__name__}"
+        )
     device = batch.input_ids.device
     parts = []
     for label, part in zip(("rows", "queries", "keys"), found, strict=True):
-        part = torch.as_tensor(part, device=device)
+        try:
+            part = torch.as_tensor(part, device=device)
+        except (TypeError, ValueError, RuntimeError):
+            raise HeadscopeError(
+                f"{who}: targets(batch) {label} must be a 1-D tensor of integers, got {type(part).__name__}"
+            ) from None
+        # Positions are whole numbers: a floating (any precision) or complex tensor would be cut to
+        # integers silently (2.5 -> 2), and booleans read as 0 and 1.
         if part.dim() != 1 or (
-            part.numel() and part.dtype in (torch.bool, torch.float16, torch.float32, torch.float64)
+            part.numel() and (part.is_floating_point() or part.is_complex() or part.dtype == torch.bool)
         ):
             raise HeadscopeError(
-                f"detector {name!r}: targets(batch) {label} must be a 1-D tensor of integers"
+                f"{who}: targets(batch) {label} must be a 1-D tensor of integers, got "
+                f"{part.dim()}-D {str(part.dtype).removeprefix('torch.')}"
             )
         parts.append(part.long())
     rows, queries, keys = parts
     if not len(rows) == len(queries) == len(keys):
         raise HeadscopeError(
-            f"detector {name!r}: targets(batch) gave {len(rows)} rows, {len(queries)} queries, {len(keys)} keys"
+            f"{who}: targets(batch) gave {len(rows)} rows, {len(queries)} queries, {len(keys)} keys"
         )
     if len(rows) == 0:
         return rows, queries, keys
     n_rows, length = batch.input_ids.shape
     if rows.min() < 0 or rows.max() >= n_rows:
-        raise HeadscopeError(f"detector {name!r}: a target row is outside the batch of {n_rows} rows")
+        raise HeadscopeError(f"{who}: a target row is outside the batch of {n_rows} rows")
     for label, part in (("query", queries), ("key", keys)):
         if part.min() < 0 or part.max() >= length:
-            raise HeadscopeError(
-                f"detector {name!r}: a target {label} is outside the batch's {length} positions"
-            )
+            raise HeadscopeError(f"{who}: a target {label} is outside the batch's {length} positions")
     real = batch.attention_mask
     if not bool((real[rows, queries] & real[rows, keys]).all()):
-        raise HeadscopeError(f"detector {name!r}: a target query or key is a padding position")
+        raise HeadscopeError(f"{who}: a target query or key is a padding position")
     if batch.is_causal and bool((keys > queries).any()):
         bad = int((keys > queries).nonzero()[0, 0])
         raise HeadscopeError(
-            f"detector {name!r}: target key {int(keys[bad])} comes after its query {int(queries[bad])}; "
+            f"{who}: target key {int(keys[bad])} comes after its query {int(queries[bad])}; "
             "a causal model's query never sees a later key"
         )
     entry = (rows * length + queries) * length + keys

@@ -2,7 +2,10 @@
 
 Rows are matched on (data, detector, relation, direction, layer, head). For each table
 (data, detector, relation, direction) the comparison gives the best head on each side, how the
-scores of the heads present in both moved, and which heads gained or lost the table's role.
+scores of the heads present in both moved (their mean change and Spearman's rank correlation), and
+which heads gained or lost the table's role. Heads are matched by position, so two results of
+different layouts (layers x heads) are refused; tables found in one result only are named in
+``notes``, and two results that share no table are refused.
 """
 
 from __future__ import annotations
@@ -184,6 +187,28 @@ class Comparison:
     joined: pd.DataFrame
     only_a: int  # tables present in one scan only
     only_b: int
+    notes: list[str] = field(default_factory=list)  # what was not compared, and why
+
+
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN under 3 pairs or for a constant side."""
+    if len(a) < 3:
+        return math.nan
+    ranked_a, ranked_b = a.rank(method="average"), b.rank(method="average")
+    if ranked_a.nunique() < 2 or ranked_b.nunique() < 2:
+        return math.nan
+    return float(ranked_a.corr(ranked_b))
+
+
+def _layout(frame: pd.DataFrame) -> tuple[int, int]:
+    """(layers, heads per layer) that a result's head numbers span."""
+    return int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
+
+
+def _table_names(keys: list[tuple]) -> str:
+    names = [" · ".join(p for p in key if p) for key in keys]
+    shown = ", ".join(names[:6])
+    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
 def _best(frame: pd.DataFrame, column: str) -> tuple[int, int, float] | None:
@@ -194,6 +219,30 @@ def _best(frame: pd.DataFrame, column: str) -> tuple[int, int, float] | None:
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
+    """Two results' tables side by side. Heads are paired by (layer, head): results of different
+    layouts are refused, as are two that share no table (nothing would be compared)."""
+    layout_a, layout_b = _layout(a), _layout(b)
+    if layout_a != layout_b:
+        raise CompareInputError(
+            f"compare: A has {layout_a[0]} layers x {layout_a[1]} heads, B has {layout_b[0]} layers x "
+            f"{layout_b[1]} heads; heads are compared by layer and head number, which pairs unrelated "
+            "heads across different layouts",
+            hint="compare two results of one architecture (a model and its fine-tune, two checkpoints)",
+        )
+    tables_a = list(dict.fromkeys(map(tuple, a[TABLE].itertuples(index=False))))
+    tables_b = list(dict.fromkeys(map(tuple, b[TABLE].itertuples(index=False))))
+    only_in_a = [t for t in tables_a if t not in set(tables_b)]
+    only_in_b = [t for t in tables_b if t not in set(tables_a)]
+    if len(only_in_a) == len(tables_a):
+        raise CompareInputError(
+            f"compare: A and B share no table (A: {_table_names(tables_a)}; B: {_table_names(tables_b)})",
+            hint="compare results of the same detectors on the same data",
+        )
+    notes = []
+    if only_in_a:
+        notes.append(f"only in A, not compared: {_table_names(only_in_a)}")
+    if only_in_b:
+        notes.append(f"only in B, not compared: {_table_names(only_in_b)}")
     joined = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"), indicator=True)
     joined["delta"] = joined["score_b"] - joined["score_a"]
     role_a = joined["role_a"].fillna("")
@@ -220,7 +269,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
             down = both.loc[both["delta"].idxmin()]
             rise = (int(up["layer"]), int(up["head"]), float(up["delta"]))
             fall = (int(down["layer"]), int(down["head"]), float(down["delta"]))
-        correlation = float(both["score_a"].corr(both["score_b"])) if len(both) >= 3 else math.nan
+        correlation = spearman(both["score_a"], both["score_b"])
         tables.append(
             TableChange(
                 *key,
@@ -238,4 +287,4 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     models_a = ", ".join(sorted(set(a["model"]))) or "A"
     models_b = ", ".join(sorted(set(b["model"]))) or "B"
     joined = joined.sort_values(KEY).reset_index(drop=True)
-    return Comparison(models_a, models_b, tables, joined[JOINED_COLUMNS], only_a, only_b)
+    return Comparison(models_a, models_b, tables, joined[JOINED_COLUMNS], only_a, only_b, notes)

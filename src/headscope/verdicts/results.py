@@ -44,6 +44,8 @@ def head_table(
     """Turn detector results into the tidy table. Rank 1 is the highest score in its group."""
     frames = []
     for result in results:
+        if result.n == 0:  # nothing counted: a 0/0 is no score (uncertainty_notes says so), never 0.0
+            continue
         scores = result.scores().numpy()
         low, high, se = bootstrap_ratio(result.sums, result.counts, n_resamples=n_resamples, seed=seed)
         layers, heads = layout.n_layers, layout.n_heads
@@ -83,10 +85,16 @@ def head_table(
 
 
 def uncertainty_notes(results: Sequence[DetectorResult], n_resamples: int) -> list[str]:
-    """One line per table whose scores carry no interval (and so no role), saying why."""
+    """One line per table whose scores carry no interval (and so no role), saying why; and one per
+    table left out because nothing was counted (a detector whose targets never occur in the data)."""
+    notes = [
+        f"{result.data}: {' · '.join(p for p in (result.detector, result.relation, result.direction) if p)}: "
+        "not scored: nothing in the data to score (n = 0; a detector's targets never occur in it)"
+        for result in results
+        if result.n == 0
+    ]
     if n_resamples == 0:
-        return ["--resamples 0: scores without intervals, and so without roles"] if results else []
-    notes = []
+        return notes + (["--resamples 0: scores without intervals, and so without roles"] if results else [])
     for result in results:
         if not result.interval:
             continue
