@@ -95,3 +95,10 @@ def test_a_short_paragraph_left_out_is_said(toy_dir, files):
     assert done.exit_code == 0, done.output
     assert "1 of 5 text(s) left out of the ICL score: shorter than 43 tokens" in output
     assert "over 4 texts" in output
+
+
+def test_show_profile_prints_the_cost_ledger_as_scan_does(toy_dir):
+    done, output = invoke("show", toy_dir, "--text", "t1 t2 t3 t1 t2 t3", "--profile")
+    assert done.exit_code == 0, done.output
+    assert "profile: load" in output
+    assert "× bare, 1 passes) · output" in output and "profile note:" in output

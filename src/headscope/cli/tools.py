@@ -246,14 +246,22 @@ def show(
 ) -> None:
     """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
     with handle_errors(emit.debug):
+        import time
+
         import headscope.api as hs
         from headscope.analyses import show as looking
+        from headscope.capture import ledger
         from headscope.outputs import views
+        from headscope.outputs.progress import PROFILE_NOTE, profile_line
 
         check_outputs(emit.force, ("-o", emit.output), ("--png", png))
         looking.check_request(text, head, words, word_sep)  # before spending seconds on loading a model
+        clock = [time.perf_counter()]  # --profile: load, the pass, the output, as scan --profile
         loaded = load_model(model, load, capture.capture)
-        view = hs.show(loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep).view
+        clock.append(time.perf_counter())
+        with ledger.recording() as book:
+            view = hs.show(loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep).view
+        clock.append(time.perf_counter())
         shown, note = views.window(view, start, max_tokens)
         if note is not None:
             err.print(note, soft_wrap=True)
@@ -268,6 +276,12 @@ def show(
                 for warning in views.save_png(shown, tmp):
                     err.print(f"warning: {warning}", soft_wrap=True)
             wrote(png)
+        if load.profile:
+            costs = book.costs(loaded, {"run": clock[2] - clock[1]})
+            err.print(
+                profile_line(clock[1] - clock[0], costs, time.perf_counter() - clock[2]), soft_wrap=True
+            )
+            err.print(PROFILE_NOTE, soft_wrap=True)
 
 
 @command(app)
