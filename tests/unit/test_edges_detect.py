@@ -389,3 +389,10 @@ def test_hs_compare_of_results_with_different_detectors(toy):
     with pytest.raises(CompareInputError, match="share no table"):
         hs.compare(a, b)
     assert len(hs.compare(a, a).tables) == 1
+
+
+def test_compare_refuses_a_side_without_scores():
+    scores = {(0, 0): 0.1, (0, 1): 0.2}
+    # An empty side has no layout to check and nothing to compare.
+    with pytest.raises(CompareInputError, match="B has no head scores"):
+        compare(table("A", scores), table("B", scores).iloc[0:0])

@@ -244,7 +244,9 @@ def register(declaration: Any) -> Any:
     """Add a detector or an analysis for this process, as a plugin would: a
     :class:`headscope.TargetDetector` (or a ``Detector`` subclass) joins the scan, the role map, the
     legends and the reports; an ``Analysis`` subclass gets ``hs.<name>`` and ``hs.run``. A name that a
-    built-in or a plugin holds is refused; registering a name again replaces your earlier one.
+    built-in or a plugin holds is refused, as are the names of headscope's own functions and
+    commands for an analysis (``compare``, ``sweep``, …) and a role label that any other role
+    already has; registering a name again replaces your earlier one. Safe to call from threads.
     Returns the declaration (so it works as a class decorator)."""
     from headscope import detectors
     from headscope.analyses.protocol import Analysis
@@ -294,8 +296,10 @@ def show(
 def compare(a: Any, b: Any) -> Any:
     """Two results side by side (``headscope compare``): ``a`` and ``b`` are ``Result`` objects or
     scan CSVs (a base model and its fine-tune, two checkpoints). Returns a ``Comparison``: ``tables``
-    (per table: best heads, mean change, rank correlation, roles gained and lost) and ``joined``
-    (one row per head: score_a, score_b, delta, roles, change)."""
+    (per table: best heads, mean change, Spearman's rank correlation, roles gained and lost),
+    ``joined`` (one row per head: score_a, score_b, delta, roles, change) and ``notes`` (tables
+    found in one result only). Heads are paired by layer and head number: results of different
+    layouts, or with no table in common, are refused."""
     from headscope.outputs.compare import compare as compare_frames
     from headscope.outputs.compare import read_scan_csv
 
@@ -303,6 +307,13 @@ def compare(a: Any, b: Any) -> Any:
         if isinstance(value, Result):
             table = value.table
             columns = ["model", "detector", "relation", "direction", "data", "layer", "head", "score"]
+            missing = [c for c in [*columns, "ci_low", "ci_high", "role"] if c not in table.columns]
+            if table.empty or missing:
+                raise InputError(
+                    f"compare: {label} (an hs.{value.analysis.replace('-', '_')} result) has no per-head "
+                    "score table to compare",
+                    hint="compare the results of analyses that score every head (scan, induction, detect, …)",
+                )
             out = table[columns + ["ci_low", "ci_high", "role"]].copy()
             out["role"] = out["role"].fillna("")
             out["data"] = out["data"].fillna("")

@@ -221,6 +221,9 @@ def _best(frame: pd.DataFrame, column: str) -> tuple[int, int, float] | None:
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     """Two results' tables side by side. Heads are paired by (layer, head): results of different
     layouts are refused, as are two that share no table (nothing would be compared)."""
+    for side, frame in (("A", a), ("B", b)):
+        if frame.empty:
+            raise CompareInputError(f"compare: {side} has no head scores", hint="give a result with a table")
     layout_a, layout_b = _layout(a), _layout(b)
     if layout_a != layout_b:
         raise CompareInputError(

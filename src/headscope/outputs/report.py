@@ -607,12 +607,12 @@ def print_comparison(result: Any, console: Console) -> None:
     lost = sum(len(c.lost) for c in result.tables)
     heads = f"the {shared.pop()} heads" if len(shared) == 1 else "the heads"
     console.print(
-        f"Δ = score in B − score in A, over {heads} present in both (same layer and head); r = Pearson "
-        f"correlation of their scores; roles: +head = role appeared in B ({gained}), −head = "
+        f"Δ = score in B − score in A, over {heads} present in both (same layer and head); r = Spearman "
+        f"rank correlation of their scores; roles: +head = role appeared in B ({gained}), −head = "
         f"role disappeared ({lost})"
     )
-    if result.only_a or result.only_b:
-        console.print(f"tables only in A: {result.only_a}; only in B: {result.only_b}")
+    for note in result.notes:  # the tables found in one result only, by name
+        console.print(f"note: {note}")
 
 
 def comparison_json(result: Any) -> dict[str, Any]:
@@ -621,6 +621,7 @@ def comparison_json(result: Any) -> dict[str, Any]:
         "model_a": result.model_a,
         "model_b": result.model_b,
         "tables": [dataclasses.asdict(t) for t in result.tables],
+        "notes": list(result.notes),
         "rows": records(result.joined),
     }
 
