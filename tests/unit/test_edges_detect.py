@@ -396,3 +396,58 @@ def test_compare_refuses_a_side_without_scores():
     # An empty side has no layout to check and nothing to compare.
     with pytest.raises(CompareInputError, match="B has no head scores"):
         compare(table("A", scores), table("B", scores).iloc[0:0])
+
+
+def test_a_plugin_declaration_that_raises_while_accepted_is_left_out(monkeypatch):
+    class Exploding(Analysis):
+        name = "exploding"
+        summary = "raises when instantiated"
+        options = hs.Stats
+
+        def __init__(self) -> None:
+            raise RuntimeError("boom")
+
+        def run(self, loaded, options, prepared, progress):
+            raise AssertionError("never runs")
+
+    registry = fake_registry(
+        monkeypatch,
+        [FakeEntryPoint("exploding", lambda: Exploding), FakeEntryPoint("ok", lambda: analysis("ok"))],
+        "analysis",
+    )
+    # Before: only TypeError and InputError were caught, so the first read raised RuntimeError.
+    (warning,) = loaded_with_warnings(registry)
+    assert "boom; left out" in warning and list(registry) == ["ok"]
+
+
+def test_hs_register_refuses_a_pattern_detector_with_an_input_error():
+    pattern = hs.PatternDetector("mine-p", patterns=[torch.eye(3)])
+    with pytest.raises(InputError, match="run it with hs.detect"):
+        hs.register(pattern)
+
+
+def test_patterns_from_numpy_are_read_and_odd_ones_named(toy):
+    import numpy as np
+    from conftest import TOY_DIR
+    from transformers import AutoTokenizer
+
+    lengths = [len(AutoTokenizer.from_pretrained(TOY_DIR)(p)["input_ids"]) for p in PROMPTS]
+    as_numpy = [np.tril(np.ones((n, n)), -1) for n in lengths]
+    from_numpy = hs.detect(toy, None, PROMPTS, as_numpy, name="from-numpy", resamples=0)
+    from_torch = hs.detect(
+        toy, None, PROMPTS, [torch.as_tensor(a) for a in as_numpy], name="torch-p", resamples=0
+    )
+    assert from_numpy.table.score.tolist() == from_torch.table.score.tolist()
+    with pytest.raises(InputError, match=r"pattern\[1\] is NoneType, not a \[T, T\] tensor"):
+        hs.detect(toy, None, PROMPTS, [torch.as_tensor(as_numpy[0]), None], name="mixed")
+    # Complex weights were cast to real without a word (the imaginary part dropped).
+    complex_pattern = [torch.as_tensor(a).to(torch.complex64) for a in as_numpy]
+    with pytest.raises(InputError, match="pattern of prompt 0 is complex"):
+        hs.detect(toy, None, PROMPTS, complex_pattern, name="cplx", resamples=0)
+
+
+def test_declarations_name_what_is_wrong_with_their_arguments():
+    with pytest.raises(InputError, match="summary= takes a text, got int"):
+        hs.TargetDetector("x", targets=previous, summary=3)
+    with pytest.raises(InputError, match="patterns= takes a list of"):
+        hs.PatternDetector("x", patterns=None)

@@ -134,16 +134,28 @@ def _pattern(pattern: Any, n_prompts: int) -> Callable[[torch.Tensor], torch.Ten
                 f"detect: pattern={pattern!r} is not a named pattern", hint=f"choose from {', '.join(NAMED)}"
             )
         return NAMED[pattern]
+    if isinstance(pattern, np.ndarray):  # numpy as torch: one [T, T] array, or one per prompt
+        pattern = torch.as_tensor(pattern)
+    elif isinstance(pattern, list | tuple) and any(isinstance(p, np.ndarray) for p in pattern):
+        pattern = [torch.as_tensor(p) if isinstance(p, np.ndarray) else p for p in pattern]
     if isinstance(pattern, torch.Tensor):
         if pattern.dim() != 2:
             raise InputError(f"detect: pattern= has shape {tuple(pattern.shape)}; a pattern is [T, T]")
         return [pattern] * n_prompts
-    if isinstance(pattern, list | tuple) and all(isinstance(p, torch.Tensor) for p in pattern):
+    if isinstance(pattern, list | tuple) and pattern and all(isinstance(p, torch.Tensor) for p in pattern):
         if len(pattern) != n_prompts:
             raise InputError(
                 f"detect: {len(pattern)} patterns for {n_prompts} prompts", hint="give one per prompt"
             )
         return list(pattern)
+    if isinstance(pattern, list | tuple):
+        if not pattern:
+            raise InputError("detect: pattern= is an empty list", hint="give one [T, T] tensor per prompt")
+        index, bad = next((i, p) for i, p in enumerate(pattern) if not isinstance(p, torch.Tensor))
+        raise InputError(
+            f"detect: pattern[{index}] is {type(bad).__name__}, not a [T, T] tensor",
+            hint="give one [T, T] tensor per prompt, or a function of the token ids",
+        )
     if callable(pattern):
         return pattern
     raise InputError(

@@ -74,7 +74,9 @@ class _Declared(Detector):
             raise InputError(
                 f"detector {name!r}: role= takes a headscope.RoleSpec, got {type(role).__name__}"
             )
-        if not isinstance(summary, str) or not summary.strip():
+        if not isinstance(summary, str):
+            raise InputError(f"detector {name!r}: summary= takes a text, got {type(summary).__name__}")
+        if not summary.strip():
             raise InputError(f"detector {name!r}: summary= is empty", hint="say in one line what it measures")
         self.role = role
         self.roles = {}
@@ -330,6 +332,11 @@ class PatternDetector(_Declared):
             else f"attention against the pattern '{name}' ({score}, as TransformerLens' detect_head)",
             source=source,
         )
+        if not isinstance(patterns, list | tuple) or not all(isinstance(p, torch.Tensor) for p in patterns):
+            raise InputError(
+                f"detector {name!r}: patterns= takes a list of [T, T] tensors, one per prompt",
+                hint="hs.detect builds them (and checks them against the prompts) for you",
+            )
         self.patterns = [p.to(torch.float32) for p in patterns]
         self.score = score
         self.exclude_bos = exclude_bos
@@ -416,7 +423,12 @@ def check_patterns(
         )
     out = []
     for index, (pattern, length) in enumerate(zip(patterns, lengths, strict=True)):
-        pattern = torch.as_tensor(pattern).detach().to("cpu", torch.float32)
+        pattern = torch.as_tensor(pattern).detach()
+        if pattern.is_complex():  # a cast to float would drop the imaginary part without a word
+            raise InputError(
+                f"{name}: the pattern of prompt {index} is complex; a pattern holds real weights"
+            )
+        pattern = pattern.to("cpu", torch.float32)
         if pattern.shape != (length, length):
             raise InputError(
                 f"{name}: the pattern of prompt {index} has shape {tuple(pattern.shape)}, but the prompt "
