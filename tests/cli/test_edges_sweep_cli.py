@@ -51,6 +51,7 @@ def in_process(monkeypatch):
         ),
         (["--analysis", "weights,icl", "--set", "k=3"], "k means different things in weights and icl"),
         (["--set", "nope=1"], "nope is an option of none of induction"),
+        (["--set", "seq_len="], "--set seq_len=: give seq_len a value"),
     ],
 )
 def test_set_takes_only_what_changes_the_run(tmp_path, args, message):

@@ -110,6 +110,19 @@ def test_an_adapter_for_another_base_is_one_short_line(tmp_path):
     assert caught.value.hint and "base_model_name_or_path" in caught.value.hint
 
 
+def test_an_adapter_folder_with_its_bases_config_beside_it_is_still_the_adapter(tmp_path):
+    """Some trainers save the base's config.json and tokenizer beside the adapter: without a full
+    model's weights the folder is the adapter (it was "no file named model.safetensors")."""
+    good = save_adapter(tmp_path / "good", TOY_DIR)
+    beside = tmp_path / "beside"
+    shutil.copytree(good, beside)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOY_DIR / name, beside / name)
+    ours = hs.induction(str(beside), **FAST)
+    assert ours.model == "model+beside"
+    np.testing.assert_allclose(scores(ours), scores(hs.induction(str(good), **FAST)), atol=1e-6)
+
+
 # --- sweeps: options ----------------------------------------------------------------------------------
 
 

@@ -30,9 +30,18 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 MAX_ADAPTER_CHAIN = 16
 
 
+# A full model's weights (an adapter folder that holds none of these is an adapter, even when a
+# trainer saved the base's config.json and tokenizer beside it).
+MODEL_WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin", "*.gguf")
+
+
 def is_adapter_folder(path: Path) -> bool:
     """A peft adapter as saved by ``save_pretrained`` (a trainer's checkpoint-N folder of a LoRA run)."""
-    return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+    if not (path / ADAPTER_CONFIG).is_file():
+        return False
+    if not (path / "config.json").is_file():
+        return True
+    return not any(any(path.glob(pattern)) for pattern in MODEL_WEIGHTS)
 
 
 def adapter_base(path: Path) -> str:

@@ -146,6 +146,8 @@ def parse_settings(
         key = key.strip()
         if not sep or not key:
             raise InputError(f"--set {item}: give NAME=VALUE, e.g. --set early=5")
+        if not text.strip():
+            raise InputError(f"--set {item}: give {key} a value (none for its default, where it has one)")
         users, name = route(chosen, key, f"--set {item}")
         for owner in users:
             if (owner, name) in said:
