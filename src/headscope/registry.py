@@ -63,6 +63,13 @@ def reserved_analysis_name(name: str) -> str | None:
 RESERVED: dict[str, Callable[[str], str | None]] = {"headscope.analyses": reserved_analysis_name}
 
 
+def origin_in(group: str, name: str) -> str | None:
+    """Where ``name`` of the registry of ``group`` comes from (see :meth:`Registry.origin`), or None
+    when it holds no such name: for messages of modules that the registry's own module imports."""
+    registry = _BY_GROUP.get(group)
+    return registry.origin(name) if registry is not None and name in registry else None
+
+
 class Registry(Mapping[str, T], Generic[T]):
     """Name -> declaration, in order: built-ins, then plugins (by entry point), then run-time ones.
 
@@ -90,6 +97,7 @@ class Registry(Mapping[str, T], Generic[T]):
         # One lock for loading, registering and reading: re-entrant, so a plugin that reads the
         # registry while it imports (during the first read) finds it, half loaded, in this thread.
         self._lock = threading.RLock()
+        _BY_GROUP.setdefault(group, self)  # the first of a group is the process' (tests make others)
 
     def reserved(self, name: str) -> str | None:
         """Why ``name`` is not this registry's to give (see :data:`RESERVED`), or None."""
@@ -236,6 +244,9 @@ class Registry(Mapping[str, T], Generic[T]):
     def builtins(self) -> dict[str, T]:
         with self._lock:
             return dict(self._builtin)
+
+
+_BY_GROUP: dict[str, Registry] = {}
 
 
 def _warn(message: str) -> None:

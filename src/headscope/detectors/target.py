@@ -24,6 +24,7 @@ import torch
 from headscope.capture import Batch
 from headscope.capture.rows import Pairs, PairWeights
 from headscope.errors import HeadscopeError, InputError, RunFailure
+from headscope.registry import origin_in
 from headscope.rolespec import RoleSpec
 
 from .base import Detector
@@ -160,9 +161,7 @@ class TargetDetector(_Declared):
 def describe(name: str) -> str:
     """``detector 'name'``, with where it comes from when it is not a built-in (its plugin package,
     or the run-time registration), for messages about its declaration's own code."""
-    from headscope.detectors import REGISTRY
-
-    origin = REGISTRY.origin(name) if name in REGISTRY else None
+    origin = origin_in("headscope.detectors", name)
     return f"detector {name!r}" if origin in (None, "built-in") else f"detector {name!r} ({origin})"
 
 
