@@ -123,6 +123,30 @@ def test_an_adapter_folder_with_its_bases_config_beside_it_is_still_the_adapter(
     np.testing.assert_allclose(scores(ours), scores(hs.induction(str(good), **FAST)), atol=1e-6)
 
 
+def test_a_prompt_tuning_adapter_is_refused_not_read_as_its_base(tmp_path):
+    """Its virtual tokens live in peft's forward: the adapted model's layers are the base's, and the
+    numbers were the base model's under the adapter's name."""
+    from transformers import AutoModelForCausalLM
+
+    adapted = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(TOY_DIR),
+        peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
+    )
+    adapted.peft_config["default"].base_model_name_or_path = str(TOY_DIR)
+    adapted.save_pretrained(tmp_path / "prompt")
+    with pytest.raises(InputError, match="a PROMPT_TUNING adapter prepends learned prompts"):
+        hs.load(str(tmp_path / "prompt"))
+
+
+def test_an_unknown_peft_type_names_the_config(tmp_path):
+    folder = save_adapter(tmp_path / "odd", TOY_DIR)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["peft_type"] = "FOO"
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"odd/adapter_config\.json: peft_type FOO is not one peft"):
+        hs.load(str(folder))
+
+
 # --- sweeps: options ----------------------------------------------------------------------------------
 
 

@@ -181,6 +181,8 @@ def _load_adapter(
             f"{resolved.location} is a peft adapter, and peft is not installed",
             hint='pip install "headscope[peft]"',
         ) from None
+    for folder in (*resolved.inner, resolved.location):
+        _check_adapter_kind(folder)  # before the base model loads
     try:
         base = load(resolved.base or "", device, dtype, capture, use_cache, device_map, revision)
     except ModelNotFoundError as exc:
@@ -216,6 +218,38 @@ def unwrap_adapters(model: Any) -> tuple[Any, str]:
             active = "+".join(active)
         return model.get_base_model(), str(active)
     return model, ""
+
+
+def _check_adapter_kind(folder: str) -> None:
+    """An adapter peft knows, and one whose model headscope can run: prompt-learning adapters
+    (prompt tuning, prefix tuning, p-tuning) add virtual tokens in peft's own forward, which the
+    analyses' forward passes would not carry (their numbers would be the base model's)."""
+    import json
+
+    import peft
+
+    config = Path(folder) / "adapter_config.json"
+    kind = json.loads(config.read_text(encoding="utf-8")).get("peft_type")
+    known = {str(member.value) for member in peft.PeftType}
+    if not isinstance(kind, str) or kind not in known:
+        raise InputError(
+            f"{config}: peft_type {elide(kind, 40)} is not one peft {peft.__version__} knows",
+            hint="save the adapter again with save_pretrained, or upgrade peft",
+        )
+    try:
+        loaded = peft.PeftConfig.from_pretrained(folder)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise InputError(
+            f"{config}: peft cannot read it ({type(exc).__name__}: {elide(first, 200)})",
+            hint="save the adapter again with save_pretrained",
+        ) from None
+    if getattr(loaded, "is_prompt_learning", False) or kind == "ADAPTION_PROMPT":
+        raise InputError(
+            f"{folder}: a {kind} adapter prepends learned prompts inside peft's own forward pass, which "
+            "the analyses' forward passes do not carry: its numbers would be the base model's",
+            hint="headscope reads adapters that change the weights: LoRA, DoRA, IA3 and the like",
+        )
 
 
 _SIZE_MISMATCH = re.compile(
