@@ -205,6 +205,10 @@ def _layout(frame: pd.DataFrame) -> tuple[int, int]:
     return int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _table_names(keys: list[tuple]) -> str:
     names = [" · ".join(p for p in key if p) for key in keys]
     shown = ", ".join(names[:6])
@@ -227,9 +231,9 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     layout_a, layout_b = _layout(a), _layout(b)
     if layout_a != layout_b:
         raise CompareInputError(
-            f"compare: A has {layout_a[0]} layers x {layout_a[1]} heads, B has {layout_b[0]} layers x "
-            f"{layout_b[1]} heads; heads are compared by layer and head number, which pairs unrelated "
-            "heads across different layouts",
+            f"compare: A has {_count(layout_a[0], 'layer')} x {_count(layout_a[1], 'head')}, B has "
+            f"{_count(layout_b[0], 'layer')} x {_count(layout_b[1], 'head')}; heads are compared by layer "
+            "and head number, which pairs unrelated heads across different layouts",
             hint="compare two results of one architecture (a model and its fine-tune, two checkpoints)",
         )
     tables_a = list(dict.fromkeys(map(tuple, a[TABLE].itertuples(index=False))))
