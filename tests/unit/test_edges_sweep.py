@@ -147,6 +147,16 @@ def test_an_unknown_peft_type_names_the_config(tmp_path):
         hs.load(str(folder))
 
 
+def test_a_revision_of_a_local_model_is_refused_not_ignored(tmp_path):
+    with pytest.raises(
+        InputError, match=r"revision='v2' picks a revision of a hub model .* is a local folder"
+    ):
+        hs.load(str(TOY_DIR), revision="v2")
+    good = save_adapter(tmp_path / "good", TOY_DIR)  # its base is a local folder: the same
+    with pytest.raises(InputError, match="revision='v2'"):
+        hs.load(str(good), revision="v2")
+
+
 # --- sweeps: options ----------------------------------------------------------------------------------
 
 

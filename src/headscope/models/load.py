@@ -116,6 +116,13 @@ def load(
     one device over several GPUs and CPU memory; ``device`` is then ignored.
     """
     resolved = resolve(spec)
+    if revision is not None and resolved.kind not in ("hub", "adapter"):
+        what = {"gguf": "a .gguf file", "dir": "a local folder"}[resolved.kind]
+        raise InputError(
+            f"revision={revision!r} picks a revision of a hub model in the cache; {spec} is "
+            f"{'a bundled alias' if resolved.alias else what}, which has none",
+            hint="drop the revision, or give the hub id",
+        )
     if resolved.kind == "adapter":
         return _load_adapter(resolved, device, dtype, capture, use_cache, device_map, revision)
     torch_dtype = _resolve_dtype(dtype)
