@@ -150,7 +150,7 @@ class TargetDetector(_Declared):
             except Exception as exc:  # noqa: BLE001 - the declaration's own code: say whose it is
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 raise RunFailure(
-                    f"{describe(self.name)}: its targets(batch) raised {type(exc).__name__}: {first}",
+                    f"{with_origin(self.name)}: its targets(batch) raised {type(exc).__name__}: {first}",
                     hint="a bug in the detector's targets function; leave it out with --detectors "
                     "(detectors= in Python) until it is fixed",
                 ) from exc
@@ -158,7 +158,7 @@ class TargetDetector(_Declared):
         return batch._cache[key]  # type: ignore[return-value]
 
 
-def describe(name: str) -> str:
+def with_origin(name: str) -> str:
     """``detector 'name'``, with where it comes from when it is not a built-in (its plugin package,
     or the run-time registration), for messages about its declaration's own code."""
     origin = origin_in("headscope.detectors", name)
@@ -168,7 +168,7 @@ def describe(name: str) -> str:
 def checked_targets(name: str, found: Any, batch: Batch) -> Targets:
     """Targets as the pooling reads them: validated, repeated entries dropped, and each query's
     entries next to each other (sorted by row and query only when they are not already)."""
-    who = describe(name)
+    who = with_origin(name)
     if not (isinstance(found, tuple | list) and len(found) == 3):
         raise HeadscopeError(
             f"{who}: targets(batch) must return (rows, queries, keys), got {type(found).__name__}"
