@@ -279,3 +279,18 @@ def test_an_adapter_run_is_computed_again_when_its_base_changes(tmp_path, in_pro
     config["lora_alpha"] = 2 * config["lora_alpha"]
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     assert hs.sweep(str(adapter), store, **FAST).computed
+
+
+def test_a_changed_option_or_default_is_a_rerun_with_a_note(tmp_path, in_process):
+    store = tmp_path / "store"
+    assert hs.sweep(str(TOY_DIR), store, **FAST).computed
+    notes: list[str] = []
+    again = hs.sweep(str(TOY_DIR), store, on_note=notes.append, **{**FAST, "seq_len": 12})
+    assert again.computed and any("its options changed" in note for note in notes), notes
+    # A store written when only the given options were recorded: the defaults the run read are not
+    # known, so it is computed again (never reused on a guess).
+    runs = json.loads((store / "manifest.json").read_text())
+    (entry,) = runs["runs"].values()
+    entry["options"] = {"resamples": 0, "seq_len": 12, "n_seqs": 2}
+    (store / "manifest.json").write_text(json.dumps(runs))
+    assert hs.sweep(str(TOY_DIR), store, **{**FAST, "seq_len": 12}).computed
