@@ -169,10 +169,12 @@ def parse_settings(
             try:
                 value = int(text) if int in members else float(text)
             except ValueError:
-                raise InputError(f"--set {item}: {name} takes a number") from None
+                number = "a whole number" if int in members and float not in members else "a number"
+                raise InputError(f"--set {item}: {name} takes {number}") from None
         elif str not in members and any(typing.get_origin(k) is list for k in members):
             value = [part.strip() for part in text.split(",") if part.strip()]
-        out[key.replace("-", "_")] = value
+        owner = key.rpartition(".")[0].strip()
+        out[f"{owner}.{name}" if owner else name] = value
     return out
 
 
