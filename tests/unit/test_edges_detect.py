@@ -451,3 +451,33 @@ def test_declarations_name_what_is_wrong_with_their_arguments():
         hs.TargetDetector("x", targets=previous, summary=3)
     with pytest.raises(InputError, match="patterns= takes a list of"):
         hs.PatternDetector("x", patterns=None)
+
+
+def test_a_detector_class_of_a_notebook_that_raises_is_named(toy, toy_texts):
+    class Raising(hs.Detector):
+        name = "raising"
+        summary = "raises in update"
+
+        def update(self, layer, attn, batch, q_start=0):
+            raise KeyError("oops")
+
+    hs.register(Raising)
+    # Before: KeyError 'oops', naming neither the detector nor where it came from.
+    with pytest.raises(
+        RunFailure, match=r"detector 'raising' \(registered at run time\): its update\(\) raised KeyError"
+    ):
+        hs.scan(toy, detectors="raising", text=toy_texts, resamples=0, weights=False)
+
+
+def test_a_detector_class_of_a_notebook_scores_as_its_built_in_twin(toy, toy_texts):
+    from headscope.detectors.positional import SinkDetector
+
+    class SinkCopy(SinkDetector):
+        name = "sink-copy"
+        role = None
+
+    hs.register(SinkCopy)
+    table = hs.scan(toy, detectors="sink,sink-copy", text=toy_texts, resamples=0, weights=False).table
+    assert (
+        table[table.detector == "sink"].score.tolist() == table[table.detector == "sink-copy"].score.tolist()
+    )

@@ -176,7 +176,44 @@ def create(names: list[str] | None = None) -> list[Detector]:
             f"detector {', '.join(own)} scores the prompts its pattern was made for (hs.detect), not a scan's data",
             hint="run hs.detect again, or declare a TargetDetector to scan",
         )
-    return [REGISTRY[n]() for n in chosen]
+    return [_guarded(n, REGISTRY[n]()) for n in chosen]
+
+
+# The methods a full-contract detector writes itself (a Detector subclass); a declared one's
+# (TargetDetector) own code is its targets function, which names itself when it raises.
+_OWN_CODE = ("start", "reads", "update", "update_pairs", "end_layer", "results")
+
+
+def _guarded(name: str, detector: Detector) -> Detector:
+    """A Detector subclass from a plugin or a notebook, whose methods raise a RunFailure naming the
+    detector and its origin instead of an unexpected error of the scan; a built-in as it is."""
+    origin = REGISTRY.origin(name)
+    if origin == "built-in" or not isinstance(REGISTRY[name], type):
+        return detector
+    for method in _OWN_CODE:
+        setattr(detector, method, _named(getattr(detector, method), name, origin, method))
+    return detector
+
+
+def _named(method: Any, name: str, origin: str, what: str) -> Any:
+    import functools
+
+    from headscope.errors import HeadscopeError, RunFailure
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except HeadscopeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the detector's own code: say whose it is
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise RunFailure(
+                f"detector {name!r} ({origin}): its {what}() raised {type(exc).__name__}: {first}",
+                hint="a bug in the detector; leave it out with --detectors (detectors= in Python) until it is fixed",
+            ) from exc
+
+    return call
 
 
 __all__ = [
