@@ -102,3 +102,36 @@ def test_show_profile_prints_the_cost_ledger_as_scan_does(toy_dir):
     assert done.exit_code == 0, done.output
     assert "profile: load" in output
     assert "× bare, 1 passes) · output" in output and "profile note:" in output
+
+
+def _report_command(path):
+    import json
+    import re
+
+    page = path.read_text(encoding="utf-8")
+    data = re.search(r'<script id="headscope-data" type="application/json">(.*?)</script>', page, re.S)
+    return json.loads(data.group(1))["command"]
+
+
+def test_the_html_report_records_the_headscope_command_not_the_host_programs_argv(
+    toy_dir, tmp_path, monkeypatch
+):
+    # The CLI run in-process (a test runner, a notebook): sys.argv is the host program's.
+    monkeypatch.setattr("sys.argv", ["pytest", "-q", "tests/elsewhere.py"])
+    page = tmp_path / "r.html"
+    done, _ = invoke("scan", toy_dir, "--resamples", 0, "--seq-len", 8, "--html", page)
+    assert done.exit_code == 0, done.output
+    assert _report_command(page) == f"headscope scan {toy_dir} --resamples 0 --seq-len 8 --html {page}"
+
+
+def test_a_report_made_from_python_records_the_python_call(toy_dir, tmp_path, monkeypatch):
+    import headscope as hs
+
+    monkeypatch.setattr("sys.argv", ["pytest", "-q", "tests/elsewhere.py"])
+    result = hs.scan(str(toy_dir), resamples=0, seq_len=8)
+    page = result.to_html(tmp_path / "r.html", examples=False)
+    assert _report_command(page) == "hs.scan('model', resamples=0, seq_len=8)"
+    saved = hs.Result.from_json(result.to_dict())
+    assert _report_command(saved.to_html(tmp_path / "s.html", examples=False)).startswith(
+        "hs.Result.from_json(…) (a saved scan result of model)"
+    )

@@ -359,9 +359,8 @@ class Result:
                 with capture.prepared(self._loaded):
                     self._examples = attention_examples(self._loaded)
             maps = self._examples
-        built = report_data.build(
-            saved, layout=layout, examples=maps, command=command or f"hs.{self.analysis}()"
-        )
+        made = command or report_data.python_call(self.analysis, self.model, self.options)
+        built = report_data.build(saved, layout=layout, examples=maps, command=made)
         built["notes"] += [*self._read_notes, *(notes or [])]
         return page.render(built)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import shlex
 import typing
 from collections.abc import Callable
 from enum import Enum
@@ -21,6 +22,7 @@ import typer
 
 from headscope.analyses.protocol import check_value, flag_of
 from headscope.errors import HeadscopeError
+from headscope.outputs.html import COMMAND_LINE
 
 _ENUMS: dict[tuple[str, tuple[str, ...]], type[Enum]] = {}
 
@@ -101,6 +103,32 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
+_CONTEXT = "headscope_cli_context"
+
+
+def command_line(context: typer.Context) -> str:
+    """The command being run, as a shell line: ``headscope scan toy --resamples 0 --html r.html``
+    (its arguments, then the options given on the command line, as parsed). The HTML report records
+    it; sys.argv would be another program's where the CLI runs in-process (a test runner, a notebook)."""
+    words = ["headscope", *context.command_path.split()[1:]]
+    options: list[str] = []
+    for param in context.command.params:
+        source = context.get_parameter_source(param.name)
+        if param.name is None or getattr(source, "name", None) != "COMMANDLINE":
+            continue
+        value = context.params.get(param.name)
+        values = list(value) if isinstance(value, list | tuple) else [value]
+        if param.param_type_name == "argument":
+            words += [str(_plain(v)) for v in values]
+        elif getattr(param, "is_flag", False) and isinstance(value, bool):
+            flags = param.opts if value else getattr(param, "secondary_opts", [])
+            options += flags[:1]
+        else:
+            for item in values:
+                options += [param.opts[0], str(_plain(item))]
+    return " ".join(shlex.quote(word) for word in [*words, *options])
+
+
 def command(app: typer.Typer, name: str | None = None, **settings: Any) -> Callable[[Callable], Callable]:
     """Register ``fn`` as a command; its dataclass-annotated parameters become option groups."""
 
@@ -128,12 +156,27 @@ def command(app: typer.Typer, name: str | None = None, **settings: Any) -> Calla
                     seen.add(field.name)
                     params.append(_parameter(field, group_hints))
 
+        # typer hands the command's context to the one parameter annotated typer.Context: the
+        # command's own, or one added here, for the line the HTML report records.
+        context = next((p.name for p in own if p.annotation is typer.Context), None)
+        if context is None:
+            context = _CONTEXT
+            params.append(
+                inspect.Parameter(context, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+            )
+
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
-            call = {p.name: kwargs[p.name] for p in own}
-            for group_name, group in groups.items():
-                call[group_name] = group(**{f: _plain(kwargs[f]) for f in fields_of[group_name]})
-            return fn(**call)
+            line = COMMAND_LINE.set(
+                command_line(kwargs[context] if context != _CONTEXT else kwargs.pop(context))
+            )
+            try:
+                call = {p.name: kwargs[p.name] for p in own}
+                for group_name, group in groups.items():
+                    call[group_name] = group(**{f: _plain(kwargs[f]) for f in fields_of[group_name]})
+                return fn(**call)
+            finally:
+                COMMAND_LINE.reset(line)
 
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         # typer reads the annotations too: resolved objects, not the strings of fn's module.

@@ -12,10 +12,17 @@ import html as _html
 import json
 import math
 import re
+from contextvars import ContextVar
 from importlib import resources
 from typing import Any
 
 SCHEMA = "headscope-report/1"
+
+# The headscope command being run, as the CLI parsed it (``headscope.cli.params`` sets it while a
+# command runs): the "command" a report made from the CLI records. Not sys.argv, which belongs to
+# whatever program runs the CLI in-process (a test runner, a notebook). None outside a command: a
+# report made from Python records the Python call (:func:`headscope.outputs.report_data.python_call`).
+COMMAND_LINE: ContextVar[str | None] = ContextVar("headscope_command_line", default=None)
 
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 _MAP_KEY = re.compile(r"^\d+,\d+$")

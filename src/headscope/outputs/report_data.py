@@ -9,8 +9,10 @@ here as they come, one byte per weight.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
+from pathlib import PurePath
 from typing import Any
 
 import pandas as pd
@@ -333,6 +335,31 @@ def build(
     if kv_plan is not None:  # only kv-plan results carry it: any other report is unchanged
         built["kv_plan"] = kv_plan
     return built
+
+
+def python_call(analysis: str, model: str, options: Any = None) -> str:
+    """The Python call that made a result, for its report's "command": ``hs.scan('toy',
+    resamples=0)`` with the options that differ from their defaults; a result read back from JSON
+    does not know its options (``Result.from_json(...)``)."""
+    if options is None or not dataclasses.is_dataclass(options):
+        return f"hs.Result.from_json(…) (a saved {analysis} result of {model})"
+    given = [repr(model)]
+    for field in dataclasses.fields(options):
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(options, field.name)
+        try:
+            same = bool(value == default)
+        except (TypeError, ValueError):  # a value that does not compare to a plain bool
+            same = False
+        if not same:
+            shown = str(value) if isinstance(value, PurePath) else value
+            given.append(f"{field.name}={shown!r}")
+    return f"hs.{analysis.replace('-', '_')}({', '.join(given)})"
 
 
 def layout_of(loaded: Any) -> dict[str, Any]:

@@ -46,8 +46,12 @@ def render(
 
 
 def command_line() -> str:
-    """The command that made this output, as a shell line (shown in HTML reports)."""
-    return "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command that made this output, as a shell line (shown in HTML reports): the headscope
+    command being run as the CLI parsed it (sys.argv is another program's when the CLI runs
+    in-process); sys.argv only outside any command."""
+    from headscope.outputs.html import COMMAND_LINE
+
+    return COMMAND_LINE.get() or "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def html_file(path: Path, document: str, force: bool) -> str:
