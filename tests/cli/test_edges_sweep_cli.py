@@ -152,3 +152,40 @@ def test_ctrl_c_while_workers_start_is_one_line_and_130(tmp_path):
         time.sleep(0.1)
     assert not _alive(workers), [_cmdline(pid) for pid in _alive(workers)]
     assert not (store / ".lock").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc to find the workers")
+def test_ctrl_c_after_a_run_keeps_it_and_says_so(tmp_path):
+    import shutil
+
+    for step in (1, 2, 3):
+        shutil.copytree(TOY, tmp_path / "run" / f"step-{step}")
+    store = tmp_path / "store"
+    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=os.pathsep.join(sys.path))
+    # About a second a run on the toy (and more on a busy machine): the Ctrl-C lands while the second runs.
+    heavy = ["--seq-len", "20", "--batch", "300", "--resamples", "0"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "headscope.cli", "sweep", tmp_path / "run", "--out", store, *heavy],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not list((store / "runs").glob("*.json")):
+            assert child.poll() is None, child.communicate()
+            time.sleep(0.05)
+        time.sleep(0.2)  # the manifest records the run just after its file is written
+        os.killpg(child.pid, signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Warning" not in stderr, stderr  # no leaked-semaphore warning
+    assert f"interrupted: 1 finished run kept in the store {store}" in stderr, stderr
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert [entry["status"] for entry in manifest["runs"].values()] == ["done"]

@@ -85,8 +85,15 @@ def _quiet_worker() -> None:
     """A worker ignores Ctrl-C: the driver stops it (a terminal's Ctrl-C reaches the whole process
     group, and a worker importing torch would print its traceback)."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker is terminated when the sweep is interrupted: a process-shared lock that tqdm would
+    # make for its bars (weights loading) would then be reported as leaked at exit. Threads suffice.
+    with contextlib.suppress(ImportError):
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
 
 
 @contextlib.contextmanager
@@ -110,13 +117,15 @@ def _sigint_ignored() -> Iterator[None]:
 def _stop(pool: Any) -> None:
     """End a pool now: queued tasks cancelled, running workers terminated (they ignore Ctrl-C)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(Exception):
             process.terminate()
     for process in processes:
         with contextlib.suppress(Exception):
             process.join(5)
+    # With its workers gone the pool's manager thread ends at once; waiting for it frees the pool's
+    # queues (else the resource tracker warns of a leaked semaphore at exit).
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_local(tasks: list[Task], workers: int, retries: int) -> Iterator[tuple[Task, Outcome]]:
