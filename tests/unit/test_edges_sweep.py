@@ -294,3 +294,14 @@ def test_a_changed_option_or_default_is_a_rerun_with_a_note(tmp_path, in_process
     entry["options"] = {"resamples": 0, "seq_len": 12, "n_seqs": 2}
     (store / "manifest.json").write_text(json.dumps(runs))
     assert hs.sweep(str(TOY_DIR), store, **{**FAST, "seq_len": 12}).computed
+
+
+def test_two_checkpoints_at_one_step_are_refused(tmp_path):
+    """Their scores would be mixed into one point of the series (the emergence table's max per step)."""
+    from headscope.sweeps.specs import expand
+
+    for name in ("checkpoint-100", "step-0100", "step-200"):
+        (tmp_path / "run" / name).mkdir(parents=True)
+        (tmp_path / "run" / name / "config.json").write_text("{}")
+    with pytest.raises(InputError, match="checkpoints 'checkpoint-100' and 'step-0100' both have step 100"):
+        expand([str(tmp_path / "run")])

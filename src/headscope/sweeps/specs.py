@@ -74,6 +74,14 @@ def expand(specs: list[str]) -> list[Target]:
                     hint="name checkpoints by step, e.g. step-0100",
                 )
             children.sort(key=lambda c: (_step_of(c.name), c.name))
+            for before, after in zip(children, children[1:], strict=False):
+                if _step_of(before.name) == _step_of(after.name):
+                    # one series, one score per step: two checkpoints at a step would be mixed
+                    raise InputError(
+                        f"{spec}: checkpoints '{before.name}' and '{after.name}' both have step "
+                        f"{_step_of(before.name)}",
+                        hint="keep one checkpoint per step in the folder, or give them as separate specs",
+                    )
             series = path.name
             targets += [Target(str(c), f"{series}/{c.name}", series, _step_of(c.name)) for c in children]
         elif "@" in spec and not path.exists():
