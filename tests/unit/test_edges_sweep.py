@@ -305,3 +305,24 @@ def test_two_checkpoints_at_one_step_are_refused(tmp_path):
         (tmp_path / "run" / name / "config.json").write_text("{}")
     with pytest.raises(InputError, match="checkpoints 'checkpoint-100' and 'step-0100' both have step 100"):
         expand([str(tmp_path / "run")])
+
+
+def test_a_result_json_cannot_hold_leaves_nothing_half_written(tmp_path, monkeypatch):
+    from headscope.sweeps import run as sweep_run
+    from headscope.sweeps.store import Store
+
+    store = Store(tmp_path / "store")
+    store.open()
+    with pytest.raises(TypeError):
+        store.record("toy__induction", {"options": {}, "fingerprint": "f"}, {"rows": [], "odd": object()})
+    assert not list((tmp_path / "store").rglob("*.json")) and not store.runs
+    # In a sweep: the run is recorded as failed, with the reason, and the sweep goes on.
+    monkeypatch.setattr(
+        sweep_run,
+        "run_local",
+        lambda tasks, workers, retries: ((t, {"ok": True, "payload": {"rows": [Path("x")]}}) for t in tasks),
+    )
+    swept = hs.sweep(str(TOY_DIR), tmp_path / "other", **FAST)
+    (why,) = swept.failed.values()
+    assert "its result cannot be stored as JSON (TypeError" in why
+    assert not list((tmp_path / "other" / "runs").glob("*.json"))

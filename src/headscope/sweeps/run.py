@@ -412,9 +412,14 @@ def sweep(
             for task, outcome in stream:
                 entry = dict(task["entry"], seconds=round(float(outcome.get("seconds", 0.0)), 3))
                 if outcome["ok"]:
-                    store.record(task["run_key"], dict(entry, error=None), outcome["payload"])
-                    result.computed.append(task["run_key"])
-                else:
+                    try:
+                        store.record(task["run_key"], dict(entry, error=None), outcome["payload"])
+                    except (TypeError, ValueError) as exc:  # nothing was written (Store.record)
+                        why = f"its result cannot be stored as JSON ({type(exc).__name__}: {exc})"
+                        outcome = {**outcome, "ok": False, "error": why.splitlines()[0][:300]}
+                    else:
+                        result.computed.append(task["run_key"])
+                if not outcome["ok"]:
                     store.record(task["run_key"], dict(entry, status="failed", error=outcome["error"]), None)
                     result.failed[task["run_key"]] = outcome["error"]
                 if on_result is not None:

@@ -202,8 +202,11 @@ class Store:
             self.runs, self.notes = read_manifest(self.manifest_path)
 
     def save(self) -> None:
-        data = {"schema": SCHEMA, "headscope": __version__, "runs": self.runs}
-        self._write(self.manifest_path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        self._write(self.manifest_path, self._manifest(self.runs))
+
+    def _manifest(self, runs: dict[str, dict[str, Any]]) -> bytes:
+        data = {"schema": SCHEMA, "headscope": __version__, "runs": runs}
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     def _write(self, path: Path, data: bytes) -> None:
         try:
@@ -248,18 +251,23 @@ class Store:
         return True, ""
 
     def record(self, run_key: str, entry: dict[str, Any], payload: dict[str, Any] | None) -> None:
+        """Write the run's result file, then the manifest that records it. Both are serialised first:
+        a value JSON cannot hold (TypeError, ValueError) leaves nothing written."""
         entry = dict(entry, headscope=__version__)
+        data = None
         if payload is not None:
             path = self.file_of(run_key)
             data = (json.dumps(payload, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
-            self._write(path, data)
             entry.update(
                 status="done",
                 file=str(path.relative_to(self.folder)),
                 sha256=hashlib.sha256(data).hexdigest(),
             )
+        manifest = self._manifest({**self.runs, run_key: entry})
+        if data is not None:
+            self._write(self.file_of(run_key), data)
+        self._write(self.manifest_path, manifest)
         self.runs[run_key] = entry
-        self.save()
 
     def load(self, run_key: str) -> dict[str, Any]:
         return json.loads(self.file_of(run_key).read_text(encoding="utf-8"))
