@@ -137,7 +137,7 @@ def _components(
             entry = {
                 "template": templates[t].reported,
                 "name": templates[t].name,
-                "weight": round(float(row[t]), 4),
+                "weight": round(float(row[t]), 6),
                 "query_class": query_class,
             }
             if templates[t].param is not None:

@@ -297,7 +297,10 @@ def fit(
             b_c = stats.b[:, c]
             err_all += sq[:, c] + error(gram_c, b_c, w_all)
             err_cls += sq[:, c] + error(gram_c, b_c, per_class[:, :, c])
-        conditioned = err_cls <= (1 - condition_gain) * err_all
+        # Conditioned only where it lowers the error by the gain, and by more than rounding
+        # (planted heads fitted exactly have errors near 0 both ways).
+        gain = err_all - err_cls
+        conditioned = (gain >= condition_gain * err_all) & (gain > 1e-3 * sq.sum(1))
         weights = torch.where(conditioned[:, :, None, None], per_class, weights)
     return Fitted(tidy(weights), tidy(w_all), conditioned, stats.counts.clone())
 
