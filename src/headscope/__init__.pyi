@@ -264,6 +264,29 @@ def detect(
 ) -> Result:
     """Your own attention pattern, TransformerLens style: every head scored, with a baseline, an interval and a role."""
 
+def describe(
+    model: Any = ...,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    progress: bool | Callable | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    context: int = 384,
+    lang: str = "en,zh",
+    eval_text: Path | None = None,
+    eval_treebank: Path | None = None,
+    windows: int = 24,
+    templates: str | None = None,
+    max_templates: int = 4,
+    conditioning: bool = True,
+    batch_size: int = 4,
+) -> Result:
+    """Every head's attention as a short mixture of named patterns (templates), fitted on one split of the texts and measured on another: what each head looks at, and how much that explains."""
+
 __all__ = [
     "Analysis",
     "Detector",
@@ -278,6 +301,7 @@ __all__ = [
     "__version__",
     "compare",
     "coref",
+    "describe",
     "detect",
     "icl",
     "induction",
