@@ -213,3 +213,11 @@ def test_kv_plan_names_apply_context_when_its_text_is_too_short(tmp_path, monkey
         )
     assert "shorter than --apply-context 120 tokens" in str(found.value)
     assert "--context 120" not in str(found.value)
+
+
+@pytest.mark.parametrize(("layer", "said"), [(1.5, "--layer 1.5"), (True, "--layer True")])
+def test_show_refuses_a_layer_that_is_not_a_whole_number(toy, layer, said):
+    # 1.5 passed the range check and matched no layer: an all-zero map; True showed layer 1.
+    with pytest.raises(InputError, match=f"{said}: expected a whole number"):
+        hs.show(toy.model, toy.tokenizer, text="t1 t2 t3", layer=layer)
+    assert hs.show(toy.model, toy.tokenizer, text="t1 t2 t3", layer=1).weights.sum() > 0

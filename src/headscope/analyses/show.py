@@ -6,6 +6,7 @@ and the pass itself. Drawing them (terminal heatmaps, PNG, CSV rows) is :mod:`he
 
 from __future__ import annotations
 
+import numbers
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -80,11 +81,16 @@ def parse_heads(spec: str, n_heads: int | None) -> list[int]:
 
 
 def check_text(text: str) -> None:
+    if not isinstance(text, str):
+        raise InputError(f"--text {text!r}: expected a string", hint="give some text to look at")
     if not text.strip():
         raise InputError("--text is empty", hint="give some text to look at")
 
 
 def check_layer(layer: int, n_layers: int) -> None:
+    # 1.5 would pass the range check and match no layer (an all-zero map); True would be layer 1
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise InputError(f"--layer {layer!r}: expected a whole number (a layer, 0-based)")
     if not 0 <= layer < n_layers:
         raise InputError(f"--layer {layer} is out of range: this model has layers 0..{n_layers - 1}")
 
