@@ -326,3 +326,22 @@ def test_a_result_json_cannot_hold_leaves_nothing_half_written(tmp_path, monkeyp
     (why,) = swept.failed.values()
     assert "its result cannot be stored as JSON (TypeError" in why
     assert not list((tmp_path / "other" / "runs").glob("*.json"))
+
+
+def test_a_cached_hub_model_is_fingerprinted_by_its_commit(monkeypatch):
+    """A branch that moved in the cache is another model: its runs are computed again."""
+    import huggingface_hub
+
+    from headscope.sweeps.specs import Target, fingerprint
+
+    commit = {"value": "a" * 40}
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, revision=None, local_files_only=False: f"/cache/snapshots/{commit['value']}",
+    )
+    target = Target("org/model", "org/model", "org/model")
+    assert fingerprint(target) == f"hub:org/model@{'a' * 40}"
+    commit["value"] = "b" * 40
+    assert fingerprint(target) == f"hub:org/model@{'b' * 40}"
+    assert fingerprint(Target("org/model", "org/model@main", "org/model", 0, "main")).endswith("b" * 40)
