@@ -135,3 +135,17 @@ def test_a_report_made_from_python_records_the_python_call(toy_dir, tmp_path, mo
     assert _report_command(saved.to_html(tmp_path / "s.html", examples=False)).startswith(
         "hs.Result.from_json(…) (a saved scan result of model)"
     )
+
+
+@pytest.mark.parametrize(("given", "parsed"), [("none", None), ("None", None), ("0", 0), ("3", 3)])
+def test_kv_plan_needles_none_reads_as_its_help_says(monkeypatch, given, parsed):
+    """--needles: "0 or none: all". "none" was refused as not an integer."""
+    from headscope.analyses import kvplan
+    from headscope.errors import InputError
+
+    def stop(_self, options):
+        raise InputError(f"reached the check with needles={options.needles!r}")
+
+    monkeypatch.setattr(kvplan.KVPlanAnalysis, "check", stop)
+    done, output = invoke("kv-plan", "no-such-model", "--needles", given)
+    assert f"reached the check with needles={parsed!r}" in output, output

@@ -56,7 +56,7 @@ def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Param
         # typer would check the range itself, before our callback, and answer "Input should be less
         # than or equal to 1" for nan; its min and max stay for the help ("[0.0<=x<=1.0]"), and the
         # parser hands the value to check_value, which says "must be a finite number" or the range.
-        extra["parser"] = _number_parser(number)
+        extra["parser"] = _number_parser(number, optional=type(None) in typing.get_args(hints[field.name]))
     extra["callback"] = _callback(field, hints[field.name])
     option = typer.Option(*names, help=meta.get("help"), **extra)
     return inspect.Parameter(
@@ -84,13 +84,16 @@ def _number_kind(kind: Any) -> type | None:
     return members[0] if len(members) == 1 and members[0] in (int, float) else None
 
 
-def _number_parser(number: type) -> Callable[[Any], Any]:
-    """Text to ``number`` where it reads as one; anything else is passed on unchanged, for the
-    callback's check to refuse in words ("x: expected a number")."""
+def _number_parser(number: type, *, optional: bool = False) -> Callable[[Any], Any]:
+    """Text to ``number`` where it reads as one (and "none" to None for an option that may be
+    None, as its help says); anything else is passed on unchanged, for the callback's check to
+    refuse in words ("x: expected a number")."""
 
     def parse(value: Any) -> Any:
         if not isinstance(value, str):
             return value
+        if optional and value.strip().lower() == "none":
+            return None
         try:
             return number(value)
         except ValueError:
