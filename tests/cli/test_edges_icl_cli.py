@@ -149,3 +149,9 @@ def test_kv_plan_needles_none_reads_as_its_help_says(monkeypatch, given, parsed)
     monkeypatch.setattr(kvplan.KVPlanAnalysis, "check", stop)
     done, output = invoke("kv-plan", "no-such-model", "--needles", given)
     assert f"reached the check with needles={parsed!r}" in output, output
+
+
+def test_kv_plan_text_that_is_a_folder_is_named(tmp_path):
+    done, output = invoke("kv-plan", "no-such-model", "--text", tmp_path)
+    assert done.exit_code == 2, done.output
+    assert f"--text {tmp_path}: a folder, not a text file" in output

@@ -957,6 +957,11 @@ class KVPlanAnalysis(Analysis):
         needle = _needle_inputs(
             options, lambda contexts: check_window(options.sink, options.recent, contexts)
         )
+        if options.text is not None and Path(options.text).is_dir():
+            raise InputError(
+                f"--text {options.text}: a folder, not a text file",
+                hint="give a UTF-8 .txt file or a CoNLL-U treebank (.conllu)",
+            )
         text = needle.haystack if options.text is None else load_haystack(options.text)
         applied = None
         if options.apply_context is not None:
