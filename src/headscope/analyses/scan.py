@@ -364,6 +364,12 @@ class ScanOptions(Repeat, Stats):
     role_threshold: float = option(0.3, "Minimum score for a role.")
     role_margin: float = option(0.05, "ci_low must clear the baseline by this much.")
     alpha: float = option(0.05, "False discovery rate for roles (Benjamini–Hochberg).", min=0.0, max=1.0)
+    describe: int = option(
+        4,
+        "Describe the heads without a working role by their dominant template (as headscope describe, on "
+        "this many windows of 256 tokens per split of the shipped texts); 0: no descriptions.",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -375,6 +381,8 @@ class ScanInputs:
     text_set: PromptSet
     rule: RoleRule
     own_sets: dict[str, PromptSet] = field(default_factory=dict)  # declared detectors' own prompt sets
+    # The shipped texts the role map's descriptions are fitted on and measured on (None: --describe 0).
+    describe_sources: tuple[list[Any], list[Any]] | None = None
 
 
 @register
@@ -421,6 +429,7 @@ class Scan(Analysis):
             text_set=load_texts(text),
             own_sets=own_sets,
             rule=RoleRule(threshold=options.role_threshold, margin=options.role_margin, alpha=options.alpha),
+            describe_sources=_describe_sources() if options.describe else None,
         )
 
     def check_loaded(self, loaded: Any, options: ScanOptions) -> None:
@@ -442,7 +451,10 @@ class Scan(Analysis):
             include_weights=prepared.weights,
             own_sets=prepared.own_sets,
         )
-        return Outcome(report, state={"rule": prepared.rule, "verified": False})
+        state: dict[str, Any] = {"rule": prepared.rule, "verified": False}
+        if prepared.describe_sources is not None:
+            _describe_without_roles(loaded, report, options, prepared.describe_sources, state, progress)
+        return Outcome(report, state=state)
 
     def wants_verify(self, options: ScanOptions) -> bool:
         return options.verify
@@ -468,11 +480,58 @@ class Scan(Analysis):
     def json(self, outcome: Outcome) -> dict[str, Any]:
         tables = [c.to_json() for c in outcome.checks if c.kind == "table"]
         circuits = [c.to_json() for c in outcome.checks if c.kind != "table"]
+        atlas = outcome.state.get("atlas")
         return {
             "role_rule": outcome.state["rule"].describe(),
             "verification": tables if outcome.state.get("verified") else None,
             "circuit_verification": circuits or None,
+            "atlas": atlas.to_json() if atlas is not None else None,
         }
+
+
+def _describe_sources() -> tuple[list[Any], list[Any]]:
+    from .describe.texts import shipped_sources
+
+    return shipped_sources("fit"), shipped_sources("eval")
+
+
+def _describe_without_roles(
+    loaded: Any,
+    report: Any,
+    options: ScanOptions,
+    sources: tuple[list[Any], list[Any]],
+    state: dict,
+    progress: Any,
+) -> None:
+    """The role map's answer for heads without a working role: each head's description (fitted on the
+    fit split, measured on the evaluation split), its dominant template in the map, and sink only
+    where the head really puts most of its attention on the first token."""
+    from headscope.verdicts.roles import head_roles
+
+    from .describe import describe_heads
+    from .describe.atlas import role_map_fill
+
+    started = time.perf_counter()
+    limit = loaded.max_positions
+    context = 256 if limit is None else max(16, min(256, limit - 2))
+    atlas, _ = describe_heads(
+        loaded,
+        sources[0],
+        sources[1],
+        eval_from="the shipped evaluation split",
+        context=context,
+        windows_per_split=options.describe,
+        batch_size=4,
+        n_resamples=options.resamples,
+        seed=options.seed,
+        progress=progress,
+    )
+    atlas.set_roles(report.table)
+    roles = {(int(r.layer), int(r.head)): r.role for r in head_roles(report.table).itertuples()}
+    state["atlas"] = atlas
+    state["role_map_fill"] = role_map_fill(atlas, roles)
+    report.measures.update({f"describe_{k}": v for k, v in atlas.measures().items()})
+    report.timings["describe"] = time.perf_counter() - started
 
 
 def _verify_circuits(loaded: Any, report: Any, k: int, seed: int, progress: Any) -> list[Check]:

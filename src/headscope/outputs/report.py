@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from headscope.analyses import Report, Section
@@ -474,7 +475,9 @@ def print_ablation(result: AblationResult, console: Console) -> None:
     )
 
 
-def print_role_map(report: Report, console: Console, rule_text: str) -> None:
+def print_role_map(
+    report: Report, console: Console, rule_text: str, fill: dict[str, Any] | None = None
+) -> None:
     """Layers × heads grid, each head labelled with its strongest role, then a legend."""
     from headscope.verdicts.roles import RESTING_ROLE, head_roles, spec_for_label
 
@@ -483,6 +486,14 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
     n_heads = int(heads["head"].max()) + 1
     grid = {(int(r.layer), int(r.head)): r.role for r in heads.itertuples()}
     specs = {label: spec_for_label(label) for label in set(grid.values()) if label}
+    # Heads without a working role, filled in by an analysis (scan's descriptions): their labels
+    # (a template's, marked "~", or sink), what those mean, and one more line for the counts.
+    fill = fill or {}
+    templates = {k: v for k, v in fill.get("labels", {}).items() if v.startswith("~")}
+    for key, label in fill.get("labels", {}).items():
+        grid[key] = label
+        if not label.startswith("~"):
+            specs.setdefault(label, spec_for_label(label))
     console.print(f"[bold]role map[/bold]: {report.model}, strongest role per head (blank: none)")
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     table.add_column("layer", justify="right")
@@ -494,8 +505,8 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
         cells = []
         for head in range(n_heads):
             role = grid.get((layer, head), "")
-            style = specs[role].style if role else ""
-            cells.append(f"[{style}]{role}[/{style}]" if role else "·")
+            style = "italic dim" if role in fill.get("meanings", {}) else (specs[role].style if role else "")
+            cells.append(f"[{style}]{escape(role)}[/{style}]" if role else "·")
         is_global = marked and layer in layout.global_layers  # type: ignore[union-attr]
         table.add_row(f"L{layer}{' G' if is_global else ''}", *cells)
     console.print(table)
@@ -503,18 +514,29 @@ def print_role_map(report: Report, console: Console, rule_text: str) -> None:
         console.print(
             f"G: global attention layer; the others attend within a sliding window of {layout.window} tokens"  # type: ignore[union-attr]
         )
-    used = sorted({r for r in grid.values() if r})
+    used = sorted({r for r in grid.values() if r and not r.startswith("~")})
     legend = "; ".join(f"{label} = {specs[label].meaning}" for label in used)
+    meanings = fill.get("meanings", {})
+    if meanings:
+        legend += "; " + "; ".join(f"{label} = {meanings[label]}" for label in sorted(meanings))
     working = heads[(heads.role != "") & (heads.role != RESTING_ROLE)]
     counts = working.role.value_counts()
-    sinks = int((heads.role == RESTING_ROLE).sum())
+    sinks = (
+        sum(1 for r in grid.values() if r == RESTING_ROLE)
+        if fill
+        else int((heads.role == RESTING_ROLE).sum())
+    )
+    none_left = len(heads) - len(working) - sinks - len(templates)
     console.print(f"legend: {legend}" if legend else "no head qualifies for any role")
     console.print(
         f"{len(working)} of {len(heads)} heads have a role "
         f"({', '.join(f'{k} {v}' for k, v in counts.items()) or 'none'}); {sinks} more only park their "
         f"attention on the first token (sink, dimmed: the resting state); "
-        f"{len(heads) - len(working) - sinks} have none; {rule_text}"
+        + (f"{len(templates)} are described by a template; " if fill else "")
+        + f"{none_left} have none; {rule_text}"
     )
+    if fill.get("line"):
+        console.print(fill["line"])
 
 
 def print_verification(checks: list, console: Console, k: int, mode: str) -> None:
@@ -921,5 +943,5 @@ def print_result(result: Any, console: Console, top: int, start: int = 0) -> Non
         top=top,
     )
     if analysis.json_roles and "rule" in state:
-        print_role_map(result.report, console, state["rule"].describe())
+        print_role_map(result.report, console, state["rule"].describe(), state.get("role_map_fill"))
     analysis.present(result, console, top)

@@ -122,6 +122,58 @@ def _pass(
     return batches
 
 
+def describe_heads(
+    loaded: Any,
+    fit_sources: list[Any],
+    eval_sources: list[Any],
+    *,
+    eval_from: str,
+    context: int,
+    windows_per_split: int | None,
+    templates: list[str] | None = None,
+    max_templates: int = 4,
+    conditioning: bool = True,
+    batch_size: int = 4,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    progress: Any = None,
+    detectors: list[Any] | None = None,
+) -> tuple[Atlas, list[Any]]:
+    """Fit every head's description on ``fit_sources`` and measure it on ``eval_sources``: the atlas
+    (roles left empty: :meth:`Atlas.set_roles`), and the evaluation batches. ``detectors`` ride
+    along on the evaluation pass (describe's own roles; scan brings its own)."""
+    fit_texts = balanced(windows(loaded, fit_sources, context), windows_per_split)
+    eval_texts = balanced(windows(loaded, eval_sources, context), windows_per_split)
+    if len(eval_texts) < 2:
+        raise InputError(
+            f"{eval_from}: {len(eval_texts)} window of text to evaluate on; the intervals need at least 2",
+            hint="give a longer text, or a smaller --context",
+        )
+    if len(fit_texts) < 1:
+        raise InputError("no text to fit the descriptions on", hint="check --lang")
+    chosen = chosen_templates(loaded.is_causal, templates)
+    n_layers, n_heads = loaded.layout.n_layers, loaded.layout.n_heads
+    stats = FitStats(TemplateMaps(chosen, fit_texts), fit_texts, n_layers, n_heads)
+    _pass(loaded, fit_texts, [stats], [], batch_size, progress, "describe: fit")
+    fitted = fit(stats, max_templates=max_templates, conditioning=conditioning)
+    measured = EvalStats(TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads)
+    batches = _pass(
+        loaded, eval_texts, [measured], detectors or [], batch_size, progress, "describe: evaluate"
+    )
+    found = build_atlas(
+        loaded,
+        chosen,
+        fitted,
+        measured,
+        fit_texts=fit_texts,
+        eval_texts=eval_texts,
+        eval_from=eval_from,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    return found, batches
+
+
 @register
 class Describe(Analysis):
     name = "describe"
@@ -168,50 +220,35 @@ class Describe(Analysis):
         check_context(loaded, options.context + extra, f"--context {options.context} (with special tokens)")
 
     def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
-        limit = options.windows or None
-        fit_texts = balanced(windows(loaded, prepared.fit_sources, options.context), limit)
-        eval_texts = balanced(windows(loaded, prepared.eval_sources, options.context), limit)
-        if len(eval_texts) < 2:
-            raise InputError(
-                f"{prepared.eval_from}: {len(eval_texts)} window of text to evaluate on; the intervals need at least 2",
-                hint="give a longer text, or a smaller --context",
-            )
-        templates = chosen_templates(loaded.is_causal, prepared.templates)
-        layout = loaded.layout
-        n_layers, n_heads = layout.n_layers, layout.n_heads
-
-        fit_maps = TemplateMaps(templates, fit_texts)
-        stats = FitStats(fit_maps, fit_texts, n_layers, n_heads)
-        _pass(loaded, fit_texts, [stats], [], options.batch_size, progress, "describe: fit")
-        fitted = fit(stats, max_templates=options.max_templates, conditioning=options.conditioning)
-
-        eval_maps = TemplateMaps(templates, eval_texts)
-        measured = EvalStats(eval_maps, eval_texts, fitted, n_layers, n_heads)
         detectors = _detectors_for("text", None)
-        batches = _pass(
-            loaded, eval_texts, [measured], detectors, options.batch_size, progress, "describe: evaluate"
+        found, batches = describe_heads(
+            loaded,
+            prepared.fit_sources,
+            prepared.eval_sources,
+            eval_from=prepared.eval_from,
+            context=options.context,
+            windows_per_split=options.windows or None,
+            templates=prepared.templates,
+            max_templates=options.max_templates,
+            conditioning=options.conditioning,
+            batch_size=options.batch_size,
+            n_resamples=options.resamples,
+            seed=options.seed,
+            progress=progress,
+            detectors=detectors,
         )
+        layout = loaded.layout
         results = [r for d in detectors for r in d.results("describe-eval")]
         table = assign_roles(
             head_table(results, layout, loaded.name, n_resamples=options.resamples, seed=options.seed)
         )
-        found = build_atlas(
-            loaded,
-            templates,
-            fitted,
-            measured,
-            table,
-            fit_texts=fit_texts,
-            eval_texts=eval_texts,
-            eval_from=prepared.eval_from,
-            n_resamples=options.resamples,
-            seed=options.seed,
-        )
+        found.set_roles(table)
+        eval_texts = found.evaluation["windows"]
         notes = uncertainty_notes(results, options.resamples) + found.notes
         report = Report(
             loaded.name,
             table,
-            _sections(results, {"describe-eval": f"{prepared.eval_from} ({len(eval_texts)} windows)"}),
+            _sections(results, {"describe-eval": f"{prepared.eval_from} ({eval_texts} windows)"}),
             loaded.capture_mode,
             notes=notes,
             results=results,

@@ -7,7 +7,8 @@ intervals), ``explained_unconditioned`` (the same with every head's pooled descr
 what conditioning on the query's class adds), ``by_layer`` (how many heads of each dominant kind
 sit in each layer), and ``heads``: per head ``layer``, ``head``, ``kv_group``, ``explained``,
 ``explained_off_first`` (``{value, ci_low, ci_high}``), ``first_token`` (its mean attention on the
-first token), ``left`` (1 − explained), ``components`` (``template``, ``name``, ``weight``,
+first token), ``covered`` (its attention on the keys the description names at all, the generous
+reading of "accounts for"), ``left`` (1 − explained), ``components`` (``template``, ``name``, ``weight``,
 ``query_class``, and ``param`` where the template has one), ``dominant``, ``dominant_kind``,
 ``conditioned``, ``roles`` and ``contexts`` (its top-activating evaluation windows: the strongest
 key, off the first token, of its strongest queries).
@@ -50,6 +51,7 @@ class Atlas:
     explained_unconditioned: dict[str, Any]
     fit: dict[str, Any]
     evaluation: dict[str, Any]
+    covered: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def by_layer(self) -> dict[str, dict[str, int]]:
@@ -59,6 +61,18 @@ class Atlas:
             row = out.setdefault(str(head["layer"]), dict.fromkeys(KINDS, 0))
             row[head["dominant_kind"]] = row.get(head["dominant_kind"], 0) + 1
         return out
+
+    def set_roles(self, table: pd.DataFrame) -> None:
+        """Each head's roles (strongest first) from a role table (describe's own, or a scan's)."""
+        if not len(table):
+            return
+        roles = head_roles(table)
+        found = {
+            (int(r.layer), int(r.head)): [x for x in [r.role, *str(r.secondary).split(";")] if x]
+            for r in roles.itertuples()
+        }
+        for entry in self.heads:
+            entry["roles"] = found.get((entry["layer"], entry["head"]), [])
 
     def head(self, layer: int, head: int) -> dict[str, Any]:
         for entry in self.heads:
@@ -89,6 +103,7 @@ class Atlas:
             "explained": self.explained,
             "explained_off_first": self.explained_off_first,
             "explained_unconditioned": self.explained_unconditioned,
+            "covered": self.covered,
             "by_layer": self.by_layer(),
             "heads": self.heads,
             "notes": self.notes,
@@ -106,8 +121,72 @@ class Atlas:
             explained_unconditioned=data.get("explained_unconditioned", {}),
             fit=data.get("fit", {}),
             evaluation=data.get("evaluation", {}),
+            covered=data.get("covered"),
             notes=list(data.get("notes", [])),
         )
+
+
+# Short labels for the role map's cells ("~" marks a template, not a tested role).
+_SHORT = {
+    "self": "self",
+    "decay": "dec",
+    "broad": "brd",
+    "same-token": "tok",
+    "induction": "ind",
+    "same-word": "wrd",
+    "previous-word": "pw",
+    "sentence-start": "ss",
+    "line-start": "ls",
+    "bracket-open": "(",
+    "dep-head": "dh",
+    "dep-child": "dc",
+}
+
+
+def grid_label(template: str) -> str:
+    """``offset-1`` -> ``~-1``, ``key-class:punctuation`` -> ``~k:pu``, ``decay`` -> ``~dec``."""
+    if template.startswith("offset"):
+        return "~" + template[len("offset") :]
+    if template.startswith("local-"):
+        return "~loc" + template[len("local-") :]
+    if ":" in template:
+        family, label = template.split(":", 1)
+        return f"~{'k' if family == 'key-class' else 'd'}:{label[:2]}"
+    return "~" + _SHORT.get(template, template[:4])
+
+
+def role_map_fill(atlas: Atlas, roles: dict[tuple[int, int], str], resting: str = "sink") -> dict[str, Any]:
+    """What the role map shows for heads without a working role: ``sink`` only where the head puts
+    at least half its attention on the first token (on evaluation text), else its dominant
+    template; and the count line's words."""
+    labels: dict[tuple[int, int], str] = {}
+    meanings: dict[str, str] = {}
+    summaries = {t["template"]: t["summary"] for t in atlas.templates}
+    for head in atlas.heads:
+        key = (head["layer"], head["head"])
+        if roles.get(key, "") not in ("", resting):
+            continue
+        if head["first_token"] >= SINK_SHARE:
+            labels[key] = resting
+            continue
+        label = grid_label(head["dominant"])
+        labels[key] = label
+        meanings[label] = f"{head['dominant']} ({summaries.get(head['dominant'], '')})"
+    described = sum(1 for v in labels.values() if v != resting)
+    line = (
+        f"{described} heads without a working role are shown by their dominant template (~: fitted on "
+        f"one split of the shipped texts, not a tested role); sink only where at least {SINK_SHARE:.0%} "
+        f"of a head's attention is on the first token; the descriptions explain {_pct(atlas.explained)} "
+        f"of all attention ({_pct(atlas.explained_off_first)} off the first token) on "
+        f"{atlas.evaluation['windows']} evaluation windows"
+    )
+    return {"labels": labels, "meanings": meanings, "line": line}
+
+
+def _pct(entry: dict[str, Any]) -> str:
+    if entry.get("ci_low") is None:
+        return f"{entry['value']:.2f}"
+    return f"{entry['value']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
 
 
 def describe_components(components: Sequence[dict[str, Any]], digits: int = 2) -> str:
@@ -198,7 +277,6 @@ def build_atlas(
     templates: Sequence[Template],
     fitted: Fitted,
     measured: EvalStats,
-    table: pd.DataFrame,
     *,
     fit_texts: Sequence[Text],
     eval_texts: Sequence[Text],
@@ -217,12 +295,8 @@ def build_atlas(
         measured.explained_plain, measured.counts, n_resamples, seed
     )
     first = measured.first.sum(0).numpy() / max(float(measured.counts.sum()), 1e-12)
+    covered = measured.covered.sum(0).numpy() / max(float(measured.counts.sum()), 1e-12)
     counts = measured.counts.numpy()
-    roles = head_roles(table) if len(table) else pd.DataFrame(columns=["layer", "head", "role", "secondary"])
-    role_of = {
-        (int(r.layer), int(r.head)): [x for x in [r.role, *str(r.secondary).split(";")] if x]
-        for r in roles.itertuples()
-    }
     weights = fitted.weights.numpy()
     class_share = fitted.class_counts.numpy() / max(float(fitted.class_counts.sum()), 1e-12)
     heads = []
@@ -252,12 +326,13 @@ def build_atlas(
                     ),
                     "explained_unconditioned": round(float(plain[layer, head]), 6),
                     "first_token": round(float(first[layer, head]), 6),
+                    "covered": round(float(covered[layer, head]), 6),
                     "left": round(float(1 - explained[layer, head]), 6),
                     "components": _components(w, conditioned, templates),
                     "dominant": dominant,
                     "dominant_kind": kind,
                     "conditioned": conditioned,
-                    "roles": role_of.get((layer, head), []),
+                    "roles": [],
                     "contexts": _contexts(measured, eval_texts, layer, head, per_window_off),
                 }
             )
@@ -283,6 +358,7 @@ def build_atlas(
         explained=_estimate(model_ex, *model_ex_ci),
         explained_off_first=_estimate(model_off, *model_off_ci),
         explained_unconditioned=_estimate(model_plain, *model_plain_ci),
+        covered=round(float(covered.mean()), 6),
         fit={
             "windows": len(fit_texts),
             "tokens": int(sum(len(t) for t in fit_texts)),

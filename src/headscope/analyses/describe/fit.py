@@ -323,6 +323,7 @@ class EvalStats:
         self.off_explained = torch.zeros(shape, dtype=torch.float64)
         self.off_total = torch.zeros(shape, dtype=torch.float64)
         self.first = torch.zeros(shape, dtype=torch.float64)
+        self.covered = torch.zeros(shape, dtype=torch.float64)  # attention on the keys P names
         self.counts = torch.zeros(n_e, dtype=torch.float64)
         self.class_counts = torch.zeros(N_CLASSES, dtype=torch.float64)
         self.strongest = [torch.zeros(n_layers, n_heads, len(t), dtype=torch.int32) for t in texts]
@@ -352,6 +353,7 @@ class EvalStats:
         add(self.off_explained, overlap[..., 1:].sum(-1))
         add(self.off_total, a[..., 1:].sum(-1))
         add(self.first, a[..., 0])
+        add(self.covered, (a * (predicted > 0)).sum(-1))
         if self._first_layer is None:
             self._first_layer = layer
         if layer == self._first_layer:

@@ -27,7 +27,8 @@ def summary_line(atlas: Atlas) -> str:
         f"explained share {_ci(atlas.explained)}, off the first token {_ci(atlas.explained_off_first)} "
         f"(mean over {len(atlas.heads)} heads; evaluation: {ev['from']}, {ev['windows']} windows, "
         f"{ev['queries']} queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
-        f"Without query classes: {atlas.explained_unconditioned['value']:.3f}."
+        f"Without query classes: {atlas.explained_unconditioned['value']:.3f}. "
+        f"Attention on the keys the descriptions name: {atlas.covered:.3f}."
     )
 
 
