@@ -221,3 +221,11 @@ def test_show_refuses_a_layer_that_is_not_a_whole_number(toy, layer, said):
     with pytest.raises(InputError, match=f"{said}: expected a whole number"):
         hs.show(toy.model, toy.tokenizer, text="t1 t2 t3", layer=layer)
     assert hs.show(toy.model, toy.tokenizer, text="t1 t2 t3", layer=1).weights.sum() > 0
+
+
+def test_a_late_token_too_close_to_the_early_one_is_named(files):
+    # tokens 10 and 20 over ±5 share their windows: icl_score would refuse after the passes
+    with pytest.raises(
+        InputError, match=r"late=20 leaves no late token to compare with early=10 over window=5"
+    ):
+        hs.plan("icl", text=files["texts"], tasks="none", early=10, late=20, window=5)

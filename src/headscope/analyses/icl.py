@@ -801,18 +801,20 @@ class ICLInputs:
 
 
 def _check_positions(options: ICLOptions) -> None:
-    """Refuse an early token, window and context that leave no late token to compare with (the
-    texts can only shorten the windows; see :func:`icl_score`)."""
+    """Refuse an early token, late token, window and context that leave no late token to compare
+    with (the texts can only shorten the windows; see :func:`icl_score`)."""
     late = min(options.late, options.context - options.window)
     early = max(options.early, 1 + options.window)
     if late - options.window <= early + options.window:
+        short = options.context - options.window < options.late
+        which = spelled("context", options.context) if short else spelled("late", options.late)
         raise InputError(
-            f"{spelled('context', options.context)} leaves no late token to compare with "
-            f"{spelled('early', options.early)} over {spelled('window', options.window)}: the late token "
-            f"must come more than {2 * options.window} tokens after token {early}",
-            hint="give a larger --context, or a smaller --early or --window"
+            f"{which} leaves no late token to compare with {spelled('early', options.early)} over "
+            f"{spelled('window', options.window)}: the late token must come more than "
+            f"{2 * options.window} tokens after token {early}",
+            hint="give a larger --context or --late, or a smaller --early or --window"
             if ENTRY.get() == "cli"
-            else "give a larger context=, or a smaller early= or window=",
+            else "give a larger context= or late=, or a smaller early= or window=",
         )
 
 
