@@ -37,6 +37,11 @@ def test_describe_writes_the_atlas(described):
     data = json.loads(out.read_text())
     atlas = data["atlas"]
     assert atlas["schema"] == "headscope-atlas/1"
+    import jsonschema
+
+    from headscope.analyses.describe.atlas import json_schema
+
+    jsonschema.validate(atlas, json_schema())
     assert len(atlas["heads"]) == 2 * 4
     head = atlas["heads"][0]
     for key in (

@@ -378,3 +378,143 @@ def build_atlas(
         },
         notes=notes,
     )
+
+
+def _estimate_schema(description: str) -> dict[str, Any]:
+    number = {"type": ["number", "null"]}
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["value", "ci_low", "ci_high"],
+        "properties": {"value": number, "ci_low": number, "ci_high": number},
+    }
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the atlas (``headscope-atlas/1``), as documented in docs/reference/outputs.md."""
+    component = {
+        "type": "object",
+        "required": ["template", "name", "weight", "query_class"],
+        "properties": {
+            "template": {
+                "type": "string",
+                "description": "the template's family name (decay for every rate)",
+            },
+            "name": {"type": "string", "description": "the template's own name (decay-0.8)"},
+            "weight": {"type": "number", "minimum": 0, "maximum": 1},
+            "query_class": {"enum": ["all", *QUERY_CLASSES]},
+            "param": {"type": ["number", "null"]},
+        },
+    }
+    arrow = {
+        "type": "object",
+        "required": ["query", "key", "weight", "query_token", "key_token"],
+        "properties": {
+            "query": {"type": "integer"},
+            "key": {"type": "integer"},
+            "weight": {"type": "number"},
+            "query_token": {"type": "string"},
+            "key_token": {"type": "string"},
+            "before": {"type": "string"},
+            "between": {"type": "string"},
+        },
+    }
+    head = {
+        "type": "object",
+        "required": [
+            "layer",
+            "head",
+            "kv_group",
+            "explained",
+            "explained_off_first",
+            "first_token",
+            "covered",
+            "left",
+            "components",
+            "dominant",
+            "dominant_kind",
+            "conditioned",
+            "roles",
+            "contexts",
+        ],
+        "properties": {
+            "layer": {"type": "integer", "minimum": 0},
+            "head": {"type": "integer", "minimum": 0},
+            "kv_group": {"type": "integer", "minimum": 0},
+            "explained": _estimate_schema("mean over queries of sum_k min(A, P), evaluation text"),
+            "explained_off_first": _estimate_schema("sum_q sum_{k>=1} min(A, P) / sum_q sum_{k>=1} A"),
+            "explained_unconditioned": {"type": "number"},
+            "first_token": {"type": "number"},
+            "covered": {"type": "number"},
+            "left": {"type": "number"},
+            "components": {"type": "array", "items": component},
+            "dominant": {"type": "string"},
+            "dominant_kind": {"enum": list(KINDS)},
+            "conditioned": {"type": "boolean"},
+            "roles": {"type": "array", "items": {"type": "string"}},
+            "contexts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["window", "off_first", "arrows"],
+                    "properties": {
+                        "window": {"type": "string"},
+                        "off_first": {"type": "number"},
+                        "arrows": {"type": "array", "items": arrow},
+                    },
+                },
+            },
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://headscope.invalid/schemas/headscope-atlas-1.json",
+        "title": "headscope atlas",
+        "type": "object",
+        "required": [
+            "schema",
+            "model",
+            "layout",
+            "fit",
+            "evaluation",
+            "templates",
+            "explained",
+            "explained_off_first",
+            "by_layer",
+            "heads",
+        ],
+        "properties": {
+            "schema": {"const": SCHEMA},
+            "model": {"type": "string"},
+            "layout": {
+                "type": "object",
+                "required": ["layers", "heads", "kv_heads", "causal"],
+                "properties": {
+                    "layers": {"type": "integer"},
+                    "heads": {"type": "integer"},
+                    "kv_heads": {"type": "integer"},
+                    "causal": {"type": "boolean"},
+                },
+            },
+            "fit": {"type": "object", "required": ["windows", "tokens", "sources"]},
+            "evaluation": {"type": "object", "required": ["from", "windows", "tokens", "queries", "sources"]},
+            "templates": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "template", "kind", "summary"],
+                    "properties": {"kind": {"enum": list(KINDS)}},
+                },
+            },
+            "explained": _estimate_schema("the model's: mean over heads"),
+            "explained_off_first": _estimate_schema("the model's: mean over heads"),
+            "explained_unconditioned": _estimate_schema("every head's pooled description, no query classes"),
+            "covered": {"type": ["number", "null"]},
+            "by_layer": {
+                "type": "object",
+                "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+            "heads": {"type": "array", "items": head},
+            "notes": {"type": "array", "items": {"type": "string"}},
+        },
+    }
