@@ -135,3 +135,20 @@ def test_refusals_are_one_line(toy_dir, tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_sweep_records_the_explained_share_by_step(toy_dir, tmp_path):
+    import shutil
+
+    import headscope as hs
+
+    root = tmp_path / "run"
+    for step in (100, 200):
+        shutil.copytree(toy_dir, root / f"step-{step}")
+    result = hs.sweep(str(root), tmp_path / "store", analyses="describe", context=32, windows=2, resamples=0)
+    losses = result.losses.sort_values("step")
+    assert list(losses["step"]) == [100, 200]
+    assert losses["explained"].between(0, 1).all()
+    assert {"explained_off_first", "dominant_position"} <= set(losses.columns)
+    # The same weights at both steps: the same description and share.
+    assert losses["explained"].iloc[0] == pytest.approx(losses["explained"].iloc[1])

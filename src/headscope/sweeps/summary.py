@@ -15,7 +15,9 @@ from .specs import Target
 from .store import Store
 
 SWEEP_COLUMNS = ["model", "step", "analysis", "series", "n_layers", *CSV_COLUMNS[1:]]
-# Model-level numbers an analysis reports beside its heads (Report.measures), one column each.
+# Model-level numbers an analysis reports beside its heads (Report.measures), one column each: these
+# always (the sweep figure reads them), then any other an analysis reports (describe's explained
+# share and its dominant kinds of template), in the order first seen.
 MEASURE_COLUMNS = ["icl_score", "icl_score_low", "icl_score_high"]
 
 
@@ -24,6 +26,7 @@ def collect(
 ) -> tuple[pd.DataFrame | None, pd.DataFrame]:
     """The long table of every finished run of this sweep, and the repeated-copy losses."""
     frames, losses = [], []
+    columns = list(MEASURE_COLUMNS)
     for target in targets:
         for analysis in analyses:
             run_key = f"{target.key}__{analysis}"
@@ -43,6 +46,7 @@ def collect(
             if payload.get("loss") or payload.get("measures"):
                 loss = payload.get("loss") or {}
                 measures = payload.get("measures") or {}
+                columns += [name for name in measures if name not in columns]
                 losses.append(
                     {
                         "model": target.label,
@@ -50,15 +54,13 @@ def collect(
                         "step": target.step,
                         "first": loss.get("first", np.nan),
                         "later": loss.get("later", np.nan),
-                        **{name: measures.get(name, np.nan) for name in MEASURE_COLUMNS},
+                        **measures,
                     }
                 )
     table = pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else None
     if table is not None:
         table["step"] = table["step"].astype("Int64")
-    return table, pd.DataFrame(
-        losses, columns=["model", "series", "step", "first", "later", *MEASURE_COLUMNS]
-    )
+    return table, pd.DataFrame(losses, columns=["model", "series", "step", "first", "later", *columns])
 
 
 def _drop_step(frame: pd.DataFrame, column: str) -> int | None:

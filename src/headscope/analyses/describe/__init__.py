@@ -54,7 +54,7 @@ class DescribeOptions(Stats):
         None, "Evaluate on this CoNLL-U treebank (its parses feed the dep-head and dep-child templates)."
     )
     windows: int = option(
-        24,
+        12,
         "At most this many windows per split (fit and evaluation), taken in turn from each source; 0: all.",
         min=0,
     )

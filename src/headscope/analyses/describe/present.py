@@ -33,10 +33,27 @@ def summary_line(atlas: Atlas) -> str:
 
 
 def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
+    """The summary, the division of labour by layer, the least explained heads, then every head."""
     console.print(f"{atlas.model}: every head described by templates", soft_wrap=True)
     console.print(summary_line(atlas), soft_wrap=True, highlight=False)
+    kinds = Table(title="dominant kind of template per layer (heads)", title_justify="left")
+    kinds.add_column("layer", justify="right")
+    for kind in KINDS:
+        kinds.add_column(kind, justify="right")
+    for layer, row in atlas.by_layer().items():
+        kinds.add_row(layer, *(str(row.get(kind, 0) or "") for kind in KINDS))
+    console.print(kinds)
+    worst = sorted(atlas.heads, key=lambda h: h["explained"]["value"])[: max(0, top)]
+    if worst:
+        console.print(
+            "least explained: "
+            + ", ".join(f"L{h['layer']}H{h['head']} leaves {h['left']:.2f}" for h in worst),
+            soft_wrap=True,
+            highlight=False,
+        )
     table = Table(
-        title="each head: what it looks at (weights sum to 1), on evaluation text", title_justify="left"
+        title="each head: what it looks at (weights sum to 1), explained on evaluation text",
+        title_justify="left",
     )
     for column, justify in (
         ("head", "left"),
@@ -59,21 +76,6 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
             ",".join(head["roles"]),
         )
     console.print(table)
-    kinds = Table(title="dominant kind of template per layer (heads)", title_justify="left")
-    kinds.add_column("layer", justify="right")
-    for kind in KINDS:
-        kinds.add_column(kind, justify="right")
-    for layer, row in atlas.by_layer().items():
-        kinds.add_row(layer, *(str(row.get(kind, 0)) or "" for kind in KINDS))
-    console.print(kinds)
-    worst = sorted(atlas.heads, key=lambda h: h["explained"]["value"])[: max(0, min(top, 5))]
-    if worst:
-        console.print(
-            "least explained: "
-            + ", ".join(f"L{h['layer']}H{h['head']} leaves {h['left']:.2f}" for h in worst),
-            soft_wrap=True,
-            highlight=False,
-        )
 
 
 def _card(head: dict[str, Any]) -> str:
