@@ -145,3 +145,37 @@ def test_a_broken_plugin_is_named_and_never_breaks_the_host(broken_env):
     ran = headscope(broken_env, "induction", str(TOY_DIR), "--resamples", "0", "--top", "1")
     assert ran.returncode == 0, ran.stderr
     assert "induction" in ran.stdout
+
+
+def test_plugin_check_printer_html_section_and_writer_appear_as_a_builtins_do(plugin_env, tmp_path):
+    """The plugin's analysis declares its own check type (it prints itself), an HTML section and a
+    file writer: they reach the terminal, the HTML report, the JSON and the written file."""
+    gap, page, saved = tmp_path / "gap.txt", tmp_path / "page.html", tmp_path / "result.json"
+    common = [str(TOY_DIR), "--text", str(TOY_TEXTS), "--resamples", "0", "--verify"]
+    done = headscope(plugin_env, "brackets", *common, "--gap", str(gap), "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    # terminal: the check's own printer, not its JSON
+    line = next(x for x in done.stdout.splitlines() if x.startswith("bracket gap"))
+    assert " vs offset-" in line or " vs previous-token" in line
+    assert '"gap"' not in done.stdout  # not printed as raw JSON
+    # the written file: the plugin's own writer
+    assert gap.read_text() == line.strip() + "\n"
+    assert f"wrote {gap}" in done.stderr
+    # the HTML report: the plugin's section, its style in the page's head
+    html = page.read_text()
+    assert html.count('<section id="bracket-gap"') == 1 and "Bracket gap" in html
+    head, body = html.split("<body>", 1)
+    assert ".bracket-gap {" in head and "<style>" not in body
+    # the JSON: the check's record
+    done = headscope(plugin_env, "brackets", *common, "--format", "json", "-o", str(saved))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(saved.read_text())["verification"][0]
+    assert f"vs {record['offset_detector']} L{record['offset_head'][0]}H{record['offset_head'][1]}" in line
+    # a saved result draws the same section (headscope report)
+    again = tmp_path / "again.html"
+    done = headscope(plugin_env, "report", str(saved), "--html", str(again), "--no-examples")
+    assert done.returncode == 0, done.stderr
+    assert again.read_text().count('<section id="bracket-gap"') == 1
+    # --gap without --verify is refused before the model loads
+    bad = headscope(plugin_env, "brackets", str(TOY_DIR), "--gap", str(tmp_path / "x.txt"))
+    assert bad.returncode == 2 and "--gap needs --verify" in bad.stderr

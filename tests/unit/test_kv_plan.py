@@ -23,8 +23,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import headscope as hs
 from headscope import capture
 from headscope.analyses import kvplan
+from headscope.analyses.kvplan_present import plan_csv, write_plan_dir
 from headscope.models import HeadLayout
-from headscope.outputs.kvplan import plan_csv, write_plan_dir
 
 kv = kv_toy_module()
 SINK, RECENT = 4, 16

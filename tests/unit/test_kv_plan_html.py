@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from headscope.analyses import kvplan_present
 from headscope.outputs import html, report_data
 
 
@@ -141,8 +142,10 @@ def make_saved(with_plan: bool = True) -> dict:
 
 
 def page_of(saved: dict) -> tuple[dict, str]:
+    """The report data and the page, with kv-plan's own section (KVPlanAnalysis.html_section)."""
     built = report_data.build(saved, layout=saved.get("layout"), examples=[], command="hs.kv_plan()")
-    return built, html.render(built)
+    section = kvplan_present.section_html(saved)
+    return built, html.render(built, [section] if section else [])
 
 
 def _figures(page: str) -> list[str]:
@@ -155,12 +158,11 @@ def _decisions(figure: str) -> dict[tuple[int, int], str]:
 
 
 def test_kv_plan_reaches_the_report_data():
-    built, _ = page_of(make_saved())
-    plan = built["kv_plan"]
+    plan = kvplan_present.plan_data(make_saved())
     assert plan["layers"] == 2 and plan["kv_heads"] == 2 and plan["candidates"] == 3
     assert [s["sparsity"] for s in plan["sparsities"]] == [0.25, 0.75]
     assert plan["sparsities"][1]["streaming"] == [[0, 1], [1, 0]]
-    json.dumps(built, allow_nan=False)
+    json.dumps(plan, allow_nan=False)
 
 
 def test_grid_colours_each_kv_head_by_its_decision():
@@ -219,24 +221,30 @@ def test_header_legend_and_notes_are_escaped():
 def test_a_report_without_kv_plan_has_no_kv_section():
     built, page = page_of(make_saved(with_plan=False))
     assert "kv_plan" not in built
-    assert 'id="kv-plan"' not in page and "kv-cell" not in page and html._KV_CSS not in page
+    assert kvplan_present.section_html(make_saved(with_plan=False)) is None
+    assert 'id="kv-plan"' not in page and "kv-cell" not in page and kvplan_present._KV_CSS not in page
 
 
 def test_a_kv_plan_does_not_change_the_rest_of_the_page():
     with_plan, _ = page_of(make_saved())
     without, _ = page_of(make_saved(with_plan=False))
-    with_plan.pop("kv_plan")
     with_plan.pop("created"), without.pop("created")
     assert with_plan == without
 
 
 def test_check_data_refuses_a_bad_kv_plan():
-    built, _ = page_of(make_saved())
-    bad = copy.deepcopy(built)
-    bad["kv_plan"]["heads"][0]["layer"] = 5
+    plan = kvplan_present.plan_data(make_saved())
+    bad = copy.deepcopy(plan)
+    bad["heads"][0]["layer"] = 5
     with pytest.raises(ValueError, match="kv_plan"):
-        html.check_data(bad)
-    bad = copy.deepcopy(built)
-    bad["kv_plan"]["sparsities"][0]["streaming"] = [[0]]
+        kvplan_present.check_plan_data(bad)
+    bad = copy.deepcopy(plan)
+    bad["sparsities"][0]["streaming"] = [[0]]
     with pytest.raises(ValueError, match="streaming"):
-        html.check_data(bad)
+        kvplan_present.check_plan_data(bad)
+
+
+def test_the_section_css_joins_the_page_stylesheet():
+    _, page = page_of(make_saved())
+    head, body = page.split("<body>", 1)
+    assert kvplan_present._KV_CSS in head and "<style>" not in body

@@ -59,6 +59,12 @@ class AblationResult:
     def random_effect(self) -> float:
         return self.random.mean - self.clean.mean
 
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope induction --ablate``)."""
+        from .ablation_present import print_ablation
+
+        print_ablation(self, console)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -184,6 +190,13 @@ class Verification:
     @property
     def random_effect(self) -> float:
         return self.random - self.clean
+
+    @staticmethod
+    def print_group(checks: list[Verification], console: Any, k: int) -> None:
+        """The table checks of a run, together as one table (an empty one: verified, none ran)."""
+        from .ablation_present import print_verification
+
+        print_verification(checks, console, k, "zero")
 
 
 def _token_losses(

@@ -48,6 +48,7 @@ from headscope.verdicts.stats import bootstrap_ratio
 
 from .base import ProgressFactory, RepeatSpec, Report, _sections, model_batches
 from .checks import Check, _one_check, _too_many
+from .icl_present import icl_png
 from .induction import induction
 from .protocol import (
     ENTRY,
@@ -61,6 +62,7 @@ from .protocol import (
     register,
     spelled,
 )
+from .writers import html_report
 
 DEFAULT_TEXTS = ("retrieval/haystack-en.txt", "retrieval/haystack-zh.txt")
 FV_DATA = "icl-tasks"
@@ -185,6 +187,12 @@ class ICLMeasures:
         rows = [a for a in self.accuracy if a.shots == shots and a.task == "all"]
         return rows[0].accuracy if rows else None
 
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope icl``)."""
+        from .icl_present import print_icl
+
+        print_icl(self, console)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "icl_score": self.score.to_json() if self.score else None,
@@ -217,6 +225,12 @@ class ICLAblation:
     random_heads: list[list[Head]]
     clean: dict[str, Estimate]  # "icl_score", "accuracy"
     cells: dict[str, dict[str, AblationCell]]  # measure -> set ("induction", "fv", "random") -> cell
+
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope icl --verify``)."""
+        from .icl_present import print_icl_ablation
+
+        print_icl_ablation(self, console)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1228,9 +1242,11 @@ class ICL(Analysis):
     sweepable = True
     spaced_checks = True
     outputs = (
-        Output("--png", "Write the loss by token position (log x) as a PNG (atomic).", "icl-png", first=True),
+        Output("--png", "Write the loss by token position (log x) as a PNG (atomic).", icl_png, first=True),
         Output(
-            "--html", "Write a self-contained HTML report (role map with ind and fv, head tables).", "html"
+            "--html",
+            "Write a self-contained HTML report (role map with ind and fv, head tables).",
+            html_report,
         ),
     )
 

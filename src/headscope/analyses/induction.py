@@ -14,6 +14,7 @@ from headscope.verdicts.roles import assign_roles
 from headscope.verdicts.stats import check_resamples
 
 from .ablation import ablate
+from .ablation_present import ablation_json
 from .base import (
     ProgressFactory,
     RepeatSpec,
@@ -107,7 +108,7 @@ class Induction(Analysis):
         Output(
             "--json",
             "Write the ablation result as JSON (atomic).",
-            "ablation-json",
+            ablation_json,
             needs="ablate",
             refusal="--json writes the ablation result",
             hint="add --ablate K",

@@ -88,6 +88,12 @@ class IOIOutcome:
     single_token_names: int
     diffs: torch.Tensor = field(repr=False)
 
+    def print_block(self, report: Any, section: Any, console: Any, top: int) -> None:
+        """This prompt set's IOI tables for people, as one block (accuracy, heads, captions)."""
+        from .ioi_present import print_ioi_sections
+
+        print_ioi_sections(report, section, console, top)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": "ioi",
@@ -112,6 +118,12 @@ class IOIVerification:
     clean: float
     ablated: float
     random: float
+
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope ioi --verify``)."""
+        from .ioi_present import print_ioi_verification
+
+        print_ioi_verification(self, console)
 
     def to_json(self) -> dict[str, Any]:
         return {

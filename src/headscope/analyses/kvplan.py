@@ -44,6 +44,7 @@ from headscope.verdicts.stats import bootstrap_ratio
 
 from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
 from .checks import Check, _one_check
+from .kvplan_present import check_plan_dir, plan_folder, section_html
 from .protocol import Analysis, Outcome, Output, Stats, check_common, option, register
 from .retrieval import (
     NeedleInputs,
@@ -56,6 +57,7 @@ from .retrieval import (
     needle_batches,
     parse_contexts,
 )
+from .writers import html_grid, named
 
 KV = tuple[int, int]  # (layer, KV head)
 METHODS = ("retrieval", "mass", "ablation")
@@ -359,6 +361,12 @@ class KVPlan:
         if kv not in self.candidates:
             return "window"
         return "streaming" if kv in result.streaming else "full"
+
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope kv-plan``; ``top``: KV heads listed)."""
+        from .kvplan_present import print_kv_plan
+
+        print_kv_plan(self, console, top)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -927,6 +935,14 @@ class KVPlanInputs(NeedleInputs):
     applied: tuple[int, ...] | None = None
 
 
+def _check_plan_folder(path: Path, options: Any, force: bool) -> list[str]:
+    """``--out`` before the model loads: the folder is writable; an earlier run's plans it leaves."""
+    return [
+        f"--out {path}: {name}/ is an earlier run's plan; this run leaves it as it is"
+        for name in check_plan_dir(path, force, parse_sparsities(str(options.sparsity)))
+    ]
+
+
 @register
 class KVPlanAnalysis(Analysis):
     name = "kv-plan"
@@ -942,14 +958,16 @@ class KVPlanAnalysis(Analysis):
             "--out",
             "Write the plan into this folder: DuoAttention's full_attention_heads.tsv and config.json "
             "(and one folder per sparsity), plan.csv and curve.png.",
-            "plan-folder",
+            named("plan-folder", check_folder=_check_plan_folder)(plan_folder),
             kind="folder",
             first=True,
         ),
-        Output(
-            "--html", "Write a self-contained HTML report with the KV-head grid.", "html-grid", first=True
-        ),
+        Output("--html", "Write a self-contained HTML report with the KV-head grid.", html_grid, first=True),
     )
+
+    def html_section(self, result: Any) -> str | None:
+        """The KV-head grid and, per sparsity, the plan against random plans (from the result's JSON)."""
+        return section_html(result.to_dict())
 
     def check(self, options: KVPlanOptions) -> KVPlanInputs:
         check_common(options)

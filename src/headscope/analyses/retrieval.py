@@ -48,6 +48,7 @@ from .protocol import (
     option,
     register,
 )
+from .retrieval_present import needle_png
 
 Head = tuple[int, int]
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -226,6 +227,12 @@ class NeedleOutcome:
     per_prompt: list[bool] = field(repr=False, default_factory=list)
     prompts: list[NeedlePrompt] = field(repr=False, default_factory=list)
     per_prompt_loss: list[float] = field(repr=False, default_factory=list)  # mean answer loss per prompt
+
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """Above a retrieval table: needle accuracy and the grid by context and depth."""
+        from .retrieval_present import print_needles
+
+        print_needles(self, console)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -416,6 +423,12 @@ class RetrievalAblation:
     random: list[NeedleOutcome]
     data: str = ""
 
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope retrieval --verify``)."""
+        from .retrieval_present import print_retrieval_ablation
+
+        print_retrieval_ablation(self, console)
+
     def to_json(self) -> dict[str, Any]:
         def one(o: NeedleOutcome) -> dict[str, float]:
             return {"accuracy": o.accuracy, "answer_loss": o.answer_loss}
@@ -556,7 +569,7 @@ class Retrieval(Analysis):
     options = RetrievalOptions
     takes_capture = False
     outputs = (
-        Output("--png", "Draw needle accuracy by context and depth into this PNG.", "needle-png", first=True),
+        Output("--png", "Draw needle accuracy by context and depth into this PNG.", needle_png, first=True),
     )
 
     def check(self, options: RetrievalOptions) -> NeedleInputs:

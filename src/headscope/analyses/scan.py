@@ -47,6 +47,7 @@ from .protocol import (
     spelled,
     split_names,
 )
+from .writers import html_report, roles_csv
 
 # The scan draws on every other analysis, and imports each where it uses it: importing this module
 # registers Scan alone, so the registry's order is the order analyses/__init__.py imports them in.
@@ -394,8 +395,8 @@ class Scan(Analysis):
     json_roles = True
     spaced_checks = True
     outputs = (
-        Output("--roles-csv", "Write one row per head: its role and the score behind it.", "roles-csv"),
-        Output("--html", "Write a self-contained HTML report (role map, head panels, tables).", "html"),
+        Output("--roles-csv", "Write one row per head: its role and the score behind it.", roles_csv),
+        Output("--html", "Write a self-contained HTML report (role map, head panels, tables).", html_report),
     )
 
     def check(self, options: ScanOptions) -> ScanInputs:
@@ -476,6 +477,13 @@ class Scan(Analysis):
             for c in verify_tables(loaded, report, k=k, seed=options.seed, progress=progress)
         ]
         return checks + _verify_circuits(loaded, report, k, options.seed, progress)
+
+    def html_section(self, result: Any) -> str | None:
+        """The describe card of each head scan described (its atlas), for the report's head panel."""
+        from .scan_present import head_cards
+
+        atlas = result.state.get("atlas")
+        return head_cards(atlas if atlas is not None else result.to_dict().get("atlas"))
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
         tables = [c.to_json() for c in outcome.checks if c.kind == "table"]

@@ -301,6 +301,12 @@ class SuccessorAblation:
     ablated: ContinuationOutcome
     random: list[ContinuationOutcome]
 
+    def print_to(self, console: Any, top: int = 10) -> None:
+        """This check for people (``headscope weights --verify``)."""
+        from .weights_present import print_successor_ablation
+
+        print_successor_ablation(self, console)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "data": self.data,

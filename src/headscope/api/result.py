@@ -359,10 +359,29 @@ class Result:
                 with capture.prepared(self._loaded):
                     self._examples = attention_examples(self._loaded)
             maps = self._examples
-        made = command or report_data.python_call(self.analysis, self.model, self.options)
+        # The command being run (the CLI sets it), else the Python call that made the result.
+        made = (
+            command
+            or page.COMMAND_LINE.get()
+            or report_data.python_call(self.analysis, self.model, self.options)
+        )
         built = report_data.build(saved, layout=layout, examples=maps, command=made)
         built["notes"] += [*self._read_notes, *(notes or [])]
-        return page.render(built)
+        return page.render(built, self._html_sections())
+
+    def _html_sections(self) -> list[str]:
+        """The analysis' own section of the report (``Analysis.html_section``), built-in or plugin."""
+        from headscope.analyses.protocol import ANALYSES
+
+        if self.analysis not in ANALYSES:
+            return []
+        try:
+            fragment = ANALYSES[self.analysis].html_section(self)
+        except KeyError:
+            if self._outcome is not None:
+                raise
+            fragment = None  # drawn from the live run's state, which a result read from JSON lacks
+        return [fragment] if fragment else []
 
     def to_html(self, path: str | Path, *, examples: bool = True, force: bool = False) -> Path:
         """Write the HTML report to ``path`` atomically (with attention heatmaps while the model is at hand)."""

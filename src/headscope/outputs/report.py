@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from headscope.analyses import Report, Section
-from headscope.analyses.ablation import AblationResult, LossEstimate
+from headscope.analyses.render import fmt as _fmt
+from headscope.analyses.render import fmt_ci as _fmt_ci
 from headscope.detectors.syntax import RELATION_NAMES
 
 
@@ -116,20 +117,6 @@ def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
     from headscope.verdicts.results import CSV_COLUMNS
 
     return table[columns or CSV_COLUMNS].to_csv(index=False, float_format="%.6g", lineterminator="\n")
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def _fmt_ci(low: float, high: float, sep: str = ", ", brackets: bool = True) -> str:
-    """An interval, or "n/a" where none could be computed (too few examples, or --resamples 0)."""
-    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (low, high)):
-        return "n/a"
-    text = f"{_fmt(low)}{sep}{_fmt(high)}"
-    return f"[{text}]" if brackets else text
 
 
 def section_title(section: Section) -> str:
@@ -260,128 +247,26 @@ def top_heads_table(report: Report, section: Section, top: int) -> Table:
     return table
 
 
-IOI_CAPTION = (
-    "DLA: the head's direct logit attribution toward IO against S at the last token (nats, through "
-    "the final norm at the actual residual); IO, S1+S2: its attention from the last token; S-inh: how much "
-    "the name movers' attention to IO minus S drops when this head's output at the last token is "
-    "patched in from the ABC run (path patching into their queries only); CI: 95% bootstrap over prompts"
-)
-
-
-def _head_rows(report: Report, data: str, relation: str, direction: str) -> pd.DataFrame:
-    table = report.table
-    rows = table[
-        (table.data == data)
-        & (table.detector == "ioi")
-        & (table.relation == relation)
-        & (table.direction == direction)
-    ]
-    return rows.set_index(["layer", "head"])
-
-
-def ioi_table(report: Report, data: str, top: int) -> Table:
-    """Heads with an IOI role, then the largest |DLA|, with their attention and patching effect."""
-    dla = _head_rows(report, data, "dla", "io-s")
-    attention = {t: _head_rows(report, data, "attention", t) for t in ("io", "s1", "s2")}
-    patch = _head_rows(report, data, "s-inhibition", "patch")
-    roles = report.table[
-        (report.table.data == data) & (report.table.detector == "ioi") & (report.table.role != "")
-    ]
-    chosen = list(dict.fromkeys((int(r.layer), int(r.head)) for r in roles.itertuples()))
-    by_size = dla.assign(size=dla.score.abs()).sort_values("size", ascending=False)
-    for key in by_size.index[: max(top, 0)]:
-        if key not in chosen and len(chosen) < max(top, len(roles)):
-            chosen.append((int(key[0]), int(key[1])))
-    movers = roles[roles.role == "nm"]
-    last_receiver = int(movers.layer.max()) if len(movers) else -1
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    columns = ["head", "role", "DLA", "95% CI", "IO", "S1+S2"]
-    if len(patch):
-        columns += ["S-inh", "95% CI "]
-    for name in columns:
-        table.add_column(name, justify="left" if name in {"head", "role"} else "right", no_wrap=True)
-    for key in sorted(chosen):
-        row = dla.loc[key]
-        role = ",".join(
-            dict.fromkeys(r.role for r in roles.itertuples() if (int(r.layer), int(r.head)) == key)
-        )
-        to_s = float(attention["s1"].loc[key].score) + float(attention["s2"].loc[key].score)
-        cells = [
-            f"L{key[0]} H{key[1]}",
-            role,
-            f"{row.score:+.3f}",
-            _fmt_ci(row.ci_low, row.ci_high, "–", brackets=False),
-            _fmt(float(attention["io"].loc[key].score)),
-            _fmt(to_s),
-        ]
-        if len(patch):
-            effect = patch.loc[key]
-            if key[0] < last_receiver:
-                cells += [f"{effect.score:+.3f}", _fmt_ci(effect.ci_low, effect.ci_high, "–", brackets=False)]
-            else:  # not a sender: path patching only runs from layers before the last name mover
-                cells += ["–", "–"]
-        table.add_row(*cells)
-    return table
-
-
-def ioi_summary(outcome: Any) -> str:
-    right = round(outcome.accuracy * outcome.n)
-    return (
-        f"IOI accuracy {right}/{outcome.n} = {_fmt(outcome.accuracy)} {_fmt_ci(*outcome.accuracy_ci)}; "
-        f"mean logit difference IO − S {_fmt(outcome.logit_diff)} {_fmt_ci(*outcome.logit_diff_ci)} nats; "
-        f"{outcome.single_token_names} of {outcome.names} names are one token"
-    )
-
-
-def needle_table(outcome: Any) -> Table:
-    """Needle accuracy by context length (rows) and depth (columns), like a NIAH heatmap."""
-    contexts = list(dict.fromkeys(c["context"] for c in outcome.cells))
-    depths = list(dict.fromkeys(c["depth"] for c in outcome.cells))
-    cells = {(c["context"], c["depth"]): c for c in outcome.cells}
-    table = Table()
-    table.add_column("context (tokens)", justify="right")
-    for depth in depths:
-        table.add_column(f"depth {depth:g}", justify="right")
-    for context in contexts:
-        mean_tokens = sum(cells[(context, d)]["mean_tokens"] for d in depths) / len(depths)
-        table.add_row(
-            f"{context} (~{mean_tokens:.0f})",
-            *(f"{cells[(context, d)]['correct']}/{cells[(context, d)]['n']}" for d in depths),
-        )
-    return table
-
-
-def needle_summary(outcome: Any) -> str:
-    right = sum(outcome.per_prompt)
-    return (
-        f"needle accuracy {right}/{outcome.n} = {_fmt(outcome.accuracy)} (every answer token top-1, "
-        f"as greedy decoding would give it); answer loss {_fmt(outcome.answer_loss)} nats; "
-        f"{outcome.counted} of {outcome.answer_tokens} answer tokens predicted right (the retrieval score's n)"
-    )
-
-
 def decided_by_whole_run(report: Report) -> bool:
     """Whether printing ``report`` (a finished part of a run) shows roles, which the whole run
-    decides (one false-discovery correction over every table): the IOI tables do."""
-    return any(section.detector == "ioi" for section in report.sections)
+    decides (one false-discovery correction over every table): the tables an outcome prints as one
+    block (IOI's) do."""
+    return any(hasattr(outcome, "print_block") for outcome in report.outcomes.values())
 
 
 def print_report(report: Report, console: Console, top: int, start: int = 0) -> None:
     """The report's tables, from section ``start`` on (the ones before were printed as they finished)."""
     printed_syntax: set[str] = set()
-    printed_ioi: set[str] = set()
+    printed_blocks: set[str] = set()
     for section in report.sections[start:]:
-        if section.detector == "ioi":
-            if section.data in printed_ioi:
-                continue
-            printed_ioi.add(section.data)
-            console.print(f"[bold]ioi · {section.data}[/bold]: {section.summary}")
-            outcome = report.outcomes.get(section.data)
-            if outcome is not None:
-                console.print(ioi_summary(outcome))
-            console.print(ioi_table(report, section.data, top))
-            console.print(f"data: {section.description}; {IOI_CAPTION}")
-            console.print()
+        # What an analysis measured beside its tables (report.outcomes, by data) prints itself:
+        # ``print_block`` prints all of its data's tables as one block (IOI), ``print_to`` goes
+        # between a table's heading and the table (the needle grid).
+        outcome = report.outcomes.get(section.data)
+        if hasattr(outcome, "print_block"):
+            if section.data not in printed_blocks:
+                printed_blocks.add(section.data)
+                outcome.print_block(report, section, console, top)
             continue
         if section.detector == "syntax":
             if section.data in printed_syntax:
@@ -402,10 +287,8 @@ def print_report(report: Report, console: Console, top: int, start: int = 0) -> 
         if section.detector == "coref":
             title = f"coreference · {section.data} · {RELATION_NAMES['coref']}"
         console.print(f"[bold]{title}[/bold]: {section.summary}")
-        if section.detector == "retrieval" and section.data in report.outcomes:
-            outcome = report.outcomes[section.data]
-            console.print(needle_summary(outcome))
-            console.print(needle_table(outcome))
+        if hasattr(outcome, "print_to"):
+            outcome.print_to(console, top)
         console.print(top_heads_table(report, section, top))
         if section.detector == "weights":
             console.print(weights_caption(section, report.outcomes.get("vocab")))
@@ -429,50 +312,6 @@ def print_report(report: Report, console: Console, top: int, start: int = 0) -> 
             f"first copy {_fmt(loss.first)} vs later copies {_fmt(loss.later)} nats "
             f"({ratio:.1f}x lower once the sequence has been seen)"
         )
-
-
-def print_ablation(result: AblationResult, console: Console) -> None:
-    """Clean vs top-K vs random-K later-copy loss, with intervals and effects."""
-    console.print(
-        f"[bold]ablation[/bold] ({result.mode}): loss on the repeated copies with heads removed; "
-        f"random control = {len(result.random_draws)} draws of {result.k} heads from the same layers"
-    )
-    table = Table()
-    for name, justify in [
-        ("condition", "left"),
-        ("heads", "left"),
-        ("loss", "right"),
-        ("95% CI", "center"),
-        ("Δ vs clean", "right"),
-    ]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-
-    def heads_text(heads: list[tuple[int, int]]) -> str:
-        return " ".join(f"L{layer}H{head}" for layer, head in heads)
-
-    def row(name: str, heads: str, estimate: LossEstimate) -> None:
-        delta = estimate.mean - result.clean.mean
-        table.add_row(
-            name,
-            heads,
-            _fmt(estimate.mean),
-            _fmt_ci(estimate.ci[0], estimate.ci[1]),
-            f"{delta:+.3f}",
-        )
-
-    row("clean", "–", result.clean)
-    row(f"top-{result.k} induction", heads_text(result.topk_heads), result.topk)
-    row(f"random-{result.k} (mean of draws)", "", result.random)
-    for index, (heads, estimate) in enumerate(
-        zip(result.random_heads, result.random_draws, strict=True), start=1
-    ):
-        row(f"  draw {index}", heads_text(heads), estimate)
-    console.print(table)
-    ratio = result.topk_effect / result.random_effect if result.random_effect > 1e-9 else float("inf")
-    console.print(
-        f"top-{result.k} ablation raises the repeated-copy loss by {result.topk_effect:+.3f} nats, "
-        f"the random control by {result.random_effect:+.3f} ({ratio:.1f}x)"
-    )
 
 
 def print_role_map(
@@ -537,42 +376,6 @@ def print_role_map(
     )
     if fill.get("line"):
         console.print(fill["line"])
-
-
-def print_verification(checks: list, console: Console, k: int, mode: str) -> None:
-    """Each table's top-k ablation next to its score, against a random same-layer control."""
-    console.print(
-        f"[bold]verification[/bold]: loss change when each table's top-{k} heads are ablated ({mode}), "
-        f"against {k} random heads from the same layers"
-    )
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    table.add_column("table", justify="left")
-    for name in ("top heads", "score", "clean", "Δ top", "Δ random"):
-        table.add_column(name, justify="right", no_wrap=name != "top heads")
-    for check in checks:
-        name = " ".join(
-            part
-            for part in (
-                check.data,
-                check.detector if check.detector != "syntax" else "",
-                check.relation,
-                check.direction,
-            )
-            if part and part != "coref"
-        )
-        table.add_row(
-            name,
-            " ".join(f"L{layer}H{head}" for layer, head in check.heads),
-            _fmt(check.best_score),
-            _fmt(check.clean),
-            f"{check.topk_effect:+.3f}",
-            f"{check.random_effect:+.3f}",
-        )
-    console.print(table)
-    console.print(
-        "loss (nats) measured on: repeated-token detectors, the later copies; sink, the natural text; "
-        "syntax, the dependents' tokens; coref, the pronouns' tokens"
-    )
 
 
 def print_comparison(result: Any, console: Console) -> None:
@@ -703,73 +506,6 @@ def print_info(info: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def _ablation_runs(result: Any, columns: tuple[str, str], loss_of: Callable[[Any], float]) -> Table:
-    """One row per run of an ablation check: clean, top-k heads ablated, each random draw."""
-    table = Table()
-    for name in ("run", "heads", *columns):
-        table.add_column(name, justify="left" if name in {"run", "heads"} else "right")
-
-    def heads_text(heads: list) -> str:
-        return " ".join(f"L{layer}H{head}" for layer, head in heads)
-
-    k = len(result.heads)
-    table.add_row("clean", "–", _fmt(result.clean.accuracy), _fmt(loss_of(result.clean)))
-    table.add_row(
-        f"top-{k}", heads_text(result.heads), _fmt(result.ablated.accuracy), _fmt(loss_of(result.ablated))
-    )
-    for index, (heads, run) in enumerate(zip(result.random_heads, result.random, strict=True), start=1):
-        table.add_row(f"random {index}", heads_text(heads), _fmt(run.accuracy), _fmt(loss_of(run)))
-    return table
-
-
-def print_retrieval_ablation(result: Any, console: Console) -> None:
-    """Needle accuracy and answer loss: intact, top-K retrieval heads ablated, random same-layer heads."""
-    k = len(result.heads)
-    where = f" · {result.data}" if result.data else ""
-    console.print(
-        f"[bold]ablation ({result.mode}){where}[/bold]: top-{k} retrieval heads vs {k} random heads "
-        f"from the same layers ({len(result.random)} draws)"
-    )
-    console.print(_ablation_runs(result, ("needle accuracy", "answer loss (nats)"), lambda o: o.answer_loss))
-    mean_random = sum(r.accuracy for r in result.random) / len(result.random)
-    console.print(
-        f"needle accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} with the top heads "
-        f"ablated, → {_fmt(mean_random)} (mean) with random heads"
-    )
-
-
-def print_successor_ablation(result: Any, console: Console) -> None:
-    """Next-ordinal accuracy and loss: intact, top-K successor heads ablated, random same-layer heads."""
-    k = len(result.heads)
-    console.print(
-        f"[bold]successor ablation ({result.mode}) · {result.data}[/bold]: top-{k} successor heads vs {k} "
-        f"random heads from the same layers ({len(result.random)} draws), on {result.clean.n} prompts of "
-        'three consecutive members (e.g. "Monday, Tuesday, Wednesday," → " Thursday")'
-    )
-    console.print(_ablation_runs(result, ("next-member accuracy", "loss (nats)"), lambda o: o.loss))
-    mean_acc = sum(r.accuracy for r in result.random) / len(result.random)
-    mean_loss = sum(r.loss for r in result.random) / len(result.random)
-    console.print(
-        f"accuracy {_fmt(result.clean.accuracy)} → {_fmt(result.ablated.accuracy)} (top heads) vs "
-        f"{_fmt(mean_acc)} (random, mean); loss {_fmt(result.clean.loss)} → {_fmt(result.ablated.loss)} vs "
-        f"{_fmt(mean_loss)}"
-    )
-
-
-def print_ioi_verification(check: Any, console: Console) -> None:
-    k = len(check.heads)
-    heads = " ".join(f"L{layer}H{head}" for layer, head in check.heads)
-    console.print(
-        f"[bold]verify ({check.mode}) · {check.data}[/bold]: ablate the {k} name movers ({heads}) "
-        f"vs {k} random same-layer heads ({len(check.random_heads)} draws)"
-    )
-    console.print(
-        f"mean logit difference IO − S: clean {_fmt(check.clean)}, name movers ablated {_fmt(check.ablated)} "
-        f"({check.ablated - check.clean:+.3f}), random heads ablated {_fmt(check.random)} "
-        f"({check.random - check.clean:+.3f})"
-    )
-
-
 def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
     """A plain Rich table of a small DataFrame (sweep summaries)."""
     table = Table()
@@ -788,138 +524,37 @@ def dataframe_table(frame: pd.DataFrame, digits: int = 3) -> Table:
     return table
 
 
-def _est(estimate: Any, digits: int = 3) -> str:
-    low, high = estimate.ci
-    return f"{_fmt(estimate.mean, digits)} {_fmt_ci(low, high)}"
-
-
-def print_icl(measures: Any, console: Console) -> None:
-    """headscope icl: the ICL score, few-shot accuracy by shots, and the function vector's transfer."""
-    score = measures.score
-    if score is not None:
-        console.print(
-            f"[bold]ICL score[/bold] (loss at token {score.late} − loss at token {score.early}, "
-            f"each ±{score.window} tokens, over {score.score.n} texts): {_est(score.score)}"
-        )
-        # Each position averaged over ±window tokens, as the score's two ends are: the cells at the
-        # early and late tokens differ by exactly the score (single tokens are noisy).
-        w = score.window
-        marks = {2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, score.early, score.late}
-        shown = sorted(p for p in marks if w < p <= len(score.curve) - w)
-        cells = " · ".join(f"{p}: {_fmt(sum(score.curve[p - 1 - w : p + w]) / (2 * w + 1))}" for p in shown)
-        console.print(f"mean loss by token (±{w} tokens): {cells}", soft_wrap=True)
-    if measures.accuracy:
-        shots = sorted({a.shots for a in measures.accuracy})
-        table = Table(title="few-shot accuracy (top-1 answer token, 95% CI over queries)")
-        table.add_column("task", justify="left")
-        for n in shots:
-            table.add_column(f"{n}-shot", justify="right")
-        tasks = list(dict.fromkeys(a.task for a in measures.accuracy))
-        by = {(a.task, a.shots): a.accuracy for a in measures.accuracy}
-        for task in tasks:
-            table.add_row(task, *(_est(by[(task, n)], 2) if (task, n) in by else "–" for n in shots))
-        console.print(table)
-    transfer = measures.transfer
-    if transfer is not None:
-        heads = " ".join(f"L{layer}H{head}" for layer, head in transfer.heads)
-        console.print(
-            f"[bold]function vector[/bold] (top-{transfer.k} FV heads: {heads}; tasks {', '.join(measures.fv_tasks)}), "
-            f"added after layer {transfer.layer} (best of the layer sweep on half the queries), "
-            f"zero-shot accuracy on the other half: none {_est(transfer.zero_shot, 2)}, "
-            f"function vector {_est(transfer.function_vector, 2)}, "
-            f"{transfer.k} random same-layer heads {_est(transfer.random_vector, 2)} "
-            f"({len(transfer.random_draws)} draws)",
-            soft_wrap=True,
-        )
-        sweep = " ".join(f"{layer}:{acc:.2f}" for layer, acc in transfer.sweep)
-        console.print(f"layer sweep (layer: accuracy on the selection half): {sweep}", soft_wrap=True)
-
-
-def print_icl_ablation(check: Any, console: Console) -> None:
-    """Yin and Steinhardt's comparison: the 2 × 3 table."""
-
-    def heads_text(heads: list[tuple[int, int]]) -> str:
-        return " ".join(f"L{layer}H{head}" for layer, head in heads) or "–"
-
-    console.print(
-        f"[bold]which heads matter for which ICL[/bold] ({check.mode} ablation of K={check.k} heads; "
-        f"induction: {heads_text(check.heads['induction'])}; FV: {heads_text(check.heads['fv'])}; "
-        f"top-K in both, left out: {heads_text(check.excluded)}; random: {len(check.random_heads)} draws "
-        "from the same layers)",
-        soft_wrap=True,
-    )
-    table = Table()
-    table.add_column("measure", justify="left")
-    table.add_column("clean", justify="right")
-    for name in ("induction", "fv", "random"):
-        table.add_column(f"{name} ablated (Δ)", justify="right")
-    labels = {"icl_score": "ICL score (nats)", "accuracy": f"{check.shots}-shot accuracy"}
-    for measure, label in labels.items():
-        row = check.cells[measure]
-        table.add_row(
-            label,
-            _est(check.clean[measure]),
-            *(f"{_est(row[n].value)} ({_est(row[n].change)})" for n in ("induction", "fv", "random")),
-        )
-    console.print(table)
-
-
 # --- a whole result, with its causal checks ------------------------------------------------------------
-
-
-def _print_kv_plan(plan: Any, console: Console, top: int = 10) -> None:
-    from headscope.outputs.kvplan import print_kv_plan
-
-    print_kv_plan(plan, console, top)
-
-
-def check_printers() -> dict[type, Callable[..., None]]:
-    """One printer per type of check value (what an analysis' ``verify`` records): chosen by type,
-    so a new check is its record type and its printer here, with no name to keep in step. Table
-    checks (``Verification``) print together as one table, in :func:`print_checks`."""
-    from headscope.analyses.ablation import AblationResult
-    from headscope.analyses.icl import ICLAblation, ICLMeasures
-    from headscope.analyses.ioi import IOIVerification
-    from headscope.analyses.kvplan import KVPlan
-    from headscope.analyses.retrieval import RetrievalAblation
-    from headscope.analyses.weights import SuccessorAblation
-
-    return {
-        AblationResult: print_ablation,
-        RetrievalAblation: print_retrieval_ablation,
-        SuccessorAblation: print_successor_ablation,
-        IOIVerification: print_ioi_verification,
-        KVPlan: _print_kv_plan,
-        ICLMeasures: print_icl,
-        ICLAblation: print_icl_ablation,
-    }
 
 
 def print_checks(
     checks: list[Any], console: Console, *, verified: bool, k: int | None, spaced: bool, top: int = 10
 ) -> None:
-    """The causal checks: every table check in one table, then each other check by its type's printer
-    (``top`` rows where the printer lists heads: kv-plan's KV heads). A check of a type with no
-    printer (a plugin's) prints its JSON."""
+    """The causal checks, each printed by its own value (what an analysis' ``verify`` records):
+
+    * a value whose type has ``print_group(values, console, k)`` prints with the others of its type
+      as one block, first (the table checks: one table); a run that verified prints that block even
+      when no table qualified;
+    * a value with ``print_to(console, top)`` prints itself (``top``: rows where it lists heads);
+    * any other value (a plugin's plain record) prints its JSON.
+    """
     from headscope.analyses.ablation import Verification
 
-    tables = [c.value for c in checks if isinstance(c.value, Verification)]
-    if tables or verified:
-        k = k or max((len(t.heads) for t in tables), default=0)
-        print_verification(tables, console, k, "zero")
-        console.print()
-    printers = check_printers()
+    groups: dict[type, list[Any]] = {}
     for check in checks:
-        if isinstance(check.value, Verification):
+        if hasattr(type(check.value), "print_group"):
+            groups.setdefault(type(check.value), []).append(check.value)
+    if verified and not groups:
+        groups[Verification] = []
+    for kind, values in groups.items():
+        kind.print_group(values, console, k or max((len(v.heads) for v in values), default=0))
+        console.print()
+    for check in checks:
+        if type(check.value) in groups:
             continue
-        printer = next((p for kind, p in printers.items() if isinstance(check.value, kind)), None)
-        if printer is _print_kv_plan:
-            _print_kv_plan(check.value, console, top)
-        elif printer is not None:
-            printer(check.value, console)
+        if hasattr(check.value, "print_to"):
+            check.value.print_to(console, top)
         else:
-            import json
-
             console.print(json.dumps(check.to_json(), indent=2, default=str), markup=False, highlight=False)
         if spaced:
             console.print()

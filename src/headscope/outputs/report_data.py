@@ -158,75 +158,6 @@ def _evaluation(value: Any) -> dict[str, float | None] | None:
     return {k: _number(value.get(k)) for k in ("accuracy", "answer_loss", "text_loss")}
 
 
-def _kv_plan(result: dict[str, Any]) -> dict[str, Any] | None:
-    """``kv-plan``'s plan for the page: its settings, each KV head's scores, each sparsity's plan."""
-    plan = result.get("kv_plan")
-    if not isinstance(plan, dict):
-        return None
-    heads = [
-        {
-            "layer": int(h["layer"]),
-            "kv_head": int(h["kv_head"]),
-            "query_heads": [int(q) for q in h.get("query_heads") or []],
-            "candidate": bool(h.get("candidate")),
-            "mass": _number(h.get("mass")),
-            "retrieval": _number(h.get("retrieval")),
-            "ablation": _number(h.get("ablation")),
-            "rank_score": _number(h.get("rank_score")),
-        }
-        for h in plan.get("heads") or []
-    ]
-    layers = int(plan.get("layers") or max((h["layer"] + 1 for h in heads), default=0))
-    kv_heads = int(plan.get("kv_heads") or max((h["kv_head"] + 1 for h in heads), default=0))
-    candidates = plan.get("candidates")
-    n_candidates = len(candidates) if isinstance(candidates, list) else sum(h["candidate"] for h in heads)
-    sparsities = []
-    for s in plan.get("sparsities") or []:
-        random = s.get("random") or []
-        sparsities.append(
-            {
-                "sparsity": _number(s.get("sparsity")),
-                "n_streaming": int(s.get("n_streaming") or 0),
-                "streaming": [[int(layer), int(kv)] for layer, kv in s.get("streaming") or []],
-                "plan": _evaluation(s.get("plan")),
-                "random_mean": _evaluation(s.get("random_mean")),
-                "random_plans": len(random) if isinstance(random, list) else 0,
-                "random_exhaustive": bool(s.get("random_exhaustive")),
-                "memory": [
-                    {
-                        "context": int(m["context"]),
-                        "full_bytes": _number(m.get("full_bytes")),
-                        "plan_bytes": _number(m.get("plan_bytes")),
-                        "saved_share": _number(m.get("saved_share")),
-                        "reduction": _number(m.get("reduction")),
-                    }
-                    for m in s.get("memory") or []
-                ],
-            }
-        )
-    agreement = plan.get("agreement") or {}
-    return {
-        "model": str(plan.get("model") or result.get("model") or ""),
-        "method": str(plan.get("method") or ""),
-        "sink": int(plan.get("sink") or 0),
-        "recent": int(plan.get("recent") or 0),
-        "contexts": [int(c) for c in plan.get("contexts") or []],
-        "kv_dtype": str(plan.get("kv_dtype") or ""),
-        "layers": layers,
-        "kv_heads": kv_heads,
-        "candidates": int(n_candidates),
-        "prompts": int(plan.get("prompts") or 0),
-        "text_chunks": int(plan.get("text_chunks") or 0),
-        "full": _evaluation(plan.get("full")),
-        "agreement": {str(k): _number(v) for k, v in agreement.items()}
-        if isinstance(agreement, dict)
-        else {},
-        "notes": [str(n) for n in plan.get("notes") or []],
-        "heads": heads,
-        "sparsities": sparsities,
-    }
-
-
 def _cell(value: Any) -> Any:
     if isinstance(value, float):
         return _number(value)
@@ -331,9 +262,6 @@ def build(
         "notes": [str(n) for n in result.get("notes") or []],
         "examples": examples or [],
     }
-    kv_plan = _kv_plan(result)
-    if kv_plan is not None:  # only kv-plan results carry it: any other report is unchanged
-        built["kv_plan"] = kv_plan
     return built
 
 

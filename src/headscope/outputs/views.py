@@ -371,69 +371,6 @@ def save_png(view: AttentionView, path: Path) -> list[str]:
     return warnings
 
 
-def save_needle_png(outcome: Any, path: Path, title: str = "") -> None:
-    """Needle accuracy by context length (rows) and depth (columns), as the usual NIAH heatmap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    contexts = list(dict.fromkeys(c["context"] for c in outcome.cells))
-    depths = list(dict.fromkeys(c["depth"] for c in outcome.cells))
-    cells = {(c["context"], c["depth"]): c for c in outcome.cells}
-    grid = [[cells[(c, d)]["accuracy"] for d in depths] for c in contexts]
-    fig, ax = plt.subplots(figsize=(1.2 * len(depths) + 2.5, 0.6 * len(contexts) + 1.8))
-    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(depths)))
-    ax.set_xticklabels([f"{d:g}" for d in depths])
-    ax.set_yticks(range(len(contexts)))
-    ax.set_yticklabels([str(c) for c in contexts])
-    ax.set_xlabel("needle depth (0 = start of the context)")
-    ax.set_ylabel("context (tokens)")
-    for i, context in enumerate(contexts):
-        for j, depth in enumerate(depths):
-            cell = cells[(context, depth)]
-            ax.text(j, i, f"{cell['correct']}/{cell['n']}", ha="center", va="center", fontsize=8)
-    fig.colorbar(image, ax=ax, label="needle accuracy")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def save_icl_png(measures: Any, path: Path, title: str = "") -> None:
-    """Mean next-token loss against token position (log x), with the ICL score's two windows marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import numpy as np
-    from matplotlib import pyplot as plt
-
-    score = measures.score
-    curve = np.asarray(score.curve, dtype=float)
-    positions = np.arange(1, len(curve) + 1)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    ax.plot(positions, curve, lw=0.8, color="#adb5bd", label="mean over texts")
-    # A running mean over a window that widens with position, so the log axis reads evenly.
-    smooth = [np.nanmean(curve[max(0, p - 1 - p // 10) : p + p // 10]) for p in positions]
-    ax.plot(positions, smooth, lw=1.8, color="#1c7ed6", label="smoothed (±10% of position)")
-    for at, name in ((score.early, "early"), (score.late, "late")):
-        ax.axvspan(at - score.window, at + score.window, color="#fab005", alpha=0.3)
-        ax.text(at, ax.get_ylim()[1], name, ha="center", va="top", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("token position in the text")
-    ax.set_ylabel("next-token loss (nats)")
-    low, high = score.score.ci
-    ax.set_title(
-        (title + "\n" if title else "")
-        + f"ICL score {score.score.mean:+.3f} [{low:+.3f}, {high:+.3f}] over {score.score.n} texts",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8)
-    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str = "") -> None:
     """Trajectories across steps: for each role table, the score of the heads that end up in the
     top ``top``, with their 95% intervals as bands; the repeated-copy loss beside the induction score,

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from headscope import files
+from headscope.analyses.writers import Writer
+from headscope.analyses.writers import html_file as html_file  # re-exported: headscope report writes with it
 from headscope.errors import InputError
 
 
@@ -54,11 +56,6 @@ def command_line() -> str:
     return COMMAND_LINE.get() or "headscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def html_file(path: Path, document: str, force: bool) -> str:
-    written = files.write_atomic(path, document, "--html", force)
-    return f"{written} ({len(document.encode('utf-8')) / 1e6:.1f} MB)"
-
-
 def table_file(path: Path, table: Any, force: bool, columns: list[str] | None = None) -> str:
     """``--csv``: every row of ``table``."""
     from headscope.outputs import report
@@ -67,70 +64,60 @@ def table_file(path: Path, table: Any, force: bool, columns: list[str] | None = 
     return f"{len(table)} rows to {written}"
 
 
-# --- the writers the analyses' outputs name (they live above the analyses) ---------------------------
-
-Writer = Callable[[Any, Path, bool], "str | None"]
+# --- the writers the analyses' outputs name: each lives beside its analysis --------------------------
 
 
-def _roles_csv(result: Any, path: Path, force: bool) -> str:
-    return str(files.write_atomic(path, result.to_csv(roles=True), "--roles-csv", force))
+class _Named(Mapping[str, Writer]):
+    """The writers a plugin's ``Output(..., writer="html")`` may name: every built-in analysis'
+    writer that carries a ``name`` (:func:`headscope.analyses.writers.named`). Read from the
+    analyses when asked, so there is no table to keep in step."""
+
+    def _found(self) -> dict[str, Writer]:
+        from headscope.analyses import writers
+        from headscope.analyses.protocol import ANALYSES
+
+        found = {
+            w.name: w
+            for w in (writers.html_report, writers.html_grid, writers.roles_csv)  # type: ignore[attr-defined]
+        }
+        for analysis in ANALYSES.builtins().values():
+            for output in analysis.outputs:
+                name = getattr(output.writer, "name", None)
+                if callable(output.writer) and isinstance(name, str):
+                    found.setdefault(name, output.writer)
+        return found
+
+    def __getitem__(self, name: str) -> Writer:
+        return self._found()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._found())
+
+    def __len__(self) -> int:
+        return len(self._found())
 
 
-def _html(examples: bool) -> Writer:
-    def write(result: Any, path: Path, force: bool) -> str:
-        return html_file(path, result.html(command=command_line(), examples=examples), force)
+class _FolderChecks(Mapping[Any, Callable[[Path, Any, bool], list[str]]]):
+    """A folder output's own check before the model loads, by its writer (a callable, or a name of
+    :data:`WRITERS`): the writer's ``check_folder``."""
 
-    return write
+    def _writer(self, writer: Any) -> Any:
+        return WRITERS.get(writer) if isinstance(writer, str) else writer
 
+    def __contains__(self, writer: object) -> bool:
+        return callable(getattr(self._writer(writer), "check_folder", None))
 
-def _ablation_json(result: Any, path: Path, force: bool) -> str | None:
-    if not result.checks:
-        return None
-    text = json.dumps(result.checks[0].to_json(), indent=2) + "\n"
-    return str(files.write_atomic(path, text, "--json", force))
+    def __getitem__(self, writer: Any) -> Callable[[Path, Any, bool], list[str]]:
+        if writer not in self:
+            raise KeyError(writer)
+        return self._writer(writer).check_folder
 
+    def __iter__(self) -> Iterator[Any]:
+        return iter([w for w in WRITERS.values() if w in self])
 
-def _needle_png(result: Any, path: Path, force: bool) -> str:
-    from headscope.outputs import views
-
-    with files.atomic_path(path, "--png", force) as tmp:
-        views.save_needle_png(result.state["needle"], tmp, f"{result.model}: {result.state['title']}")
-    return str(path)
-
-
-def _icl_png(result: Any, path: Path, force: bool) -> str:
-    from headscope.outputs import views
-
-    with files.atomic_path(path, "--png", force) as tmp:
-        views.save_icl_png(result.state["measures"], tmp, f"{result.model}: next-token loss by position")
-    return str(path)
+    def __len__(self) -> int:
+        return len(list(iter(self)))
 
 
-def _plan_folder(result: Any, path: Path, force: bool) -> str:
-    from headscope.outputs import kvplan
-
-    written = kvplan.write_plan_dir(result.kv_plan, path, force)
-    return f"{len(written)} files to {Path(path)}"
-
-
-def _check_plan_folder(path: Path, options: Any, force: bool) -> list[str]:
-    from headscope.analyses.kvplan import parse_sparsities
-    from headscope.outputs import kvplan
-
-    return [
-        f"--out {path}: {name}/ is an earlier run's plan; this run leaves it as it is"
-        for name in kvplan.check_plan_dir(path, force, parse_sparsities(str(options.sparsity)))
-    ]
-
-
-WRITERS: dict[str, Writer] = {
-    "roles-csv": _roles_csv,
-    "html": _html(examples=True),
-    "html-grid": _html(examples=False),
-    "ablation-json": _ablation_json,
-    "needle-png": _needle_png,
-    "icl-png": _icl_png,
-    "plan-folder": _plan_folder,
-}
-# A folder's own check before the model loads (a file joins the check of --csv and -o): its notes.
-FOLDER_CHECKS: dict[str, Callable[[Path, Any, bool], list[str]]] = {"plan-folder": _check_plan_folder}
+WRITERS: Mapping[str, Writer] = _Named()
+FOLDER_CHECKS: Mapping[Any, Callable[[Path, Any, bool], list[str]]] = _FolderChecks()

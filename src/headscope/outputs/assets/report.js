@@ -714,6 +714,13 @@
 
     var secondary = head && Array.isArray(head.secondary) ? head.secondary : [];
     panel.appendChild(el("p", { className: "secondary", "data-testid": "panel-secondary", text: "secondary roles: " + (secondary.length ? secondary.join(", ") : "none") }));
+    // An analysis' section may hold a card per head (<template data-head-card="layer,head">): shown here.
+    var card = document.querySelector('template[data-head-card="' + l + "," + h + '"]');
+    if (card && card.content) {
+      var holder = el("div", { className: "head-card", "data-testid": "panel-card" });
+      holder.appendChild(card.content.cloneNode(true));
+      panel.appendChild(holder);
+    }
 
     if (examples.length) {
       panel.appendChild(el("h3", { text: "Attention (query rows \u00d7 key columns)" }));

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from headscope import files
+
+from .render import NUM_OR_NULL as _NUM_OR_NULL
+from .render import check_fields, check_list, check_value, html_number, html_text
 
 FULL, STREAMING, WINDOW = "█", "·", "w"
 
@@ -404,3 +408,356 @@ def write_plan_dir(plan: Any, out: str | Path, force: bool = False) -> list[Path
             save_curve_png(plan, tmp)
         written.append(target)
     return written
+
+
+# --- the HTML report's kv-plan section (KVPlanAnalysis.html_section) --------------------------------
+
+
+_KV_PLAN: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "method": (str,),
+    "sink": (int,),
+    "recent": (int,),
+    "contexts": (list,),
+    "layers": (int,),
+    "kv_heads": (int,),
+    "candidates": (int,),
+    "notes": (list,),
+    "heads": (list,),
+    "sparsities": (list,),
+}
+_KV_HEAD: dict[str, tuple[type, ...]] = {
+    "layer": (int,),
+    "kv_head": (int,),
+    "candidate": (bool,),
+    "mass": _NUM_OR_NULL,
+    "retrieval": _NUM_OR_NULL,
+}
+_KV_SPARSITY: dict[str, tuple[type, ...]] = {
+    "sparsity": _NUM_OR_NULL,
+    "n_streaming": (int,),
+    "streaming": (list,),
+    "plan": (dict, type(None)),
+    "random_mean": (dict, type(None)),
+    "memory": (list,),
+}
+_KV_MEMORY: dict[str, tuple[type, ...]] = {
+    "context": (int,),
+    "saved_share": _NUM_OR_NULL,
+    "reduction": _NUM_OR_NULL,
+}
+
+
+def check_plan_data(plan: Any) -> None:
+    check_fields("data['kv_plan']", plan, _KV_PLAN)
+    check_list("data['kv_plan']['contexts']", plan["contexts"], (int,))
+    check_list("data['kv_plan']['notes']", plan["notes"], (str,))
+    for i, head in enumerate(plan["heads"]):
+        where = f"data['kv_plan']['heads'][{i}]"
+        check_fields(where, head, _KV_HEAD)
+        for key, size in (("layer", plan["layers"]), ("kv_head", plan["kv_heads"])):
+            if not 0 <= head[key] < size:
+                raise ValueError(f"{where}[{key!r}]: outside the plan's {size} {key}s, got {head[key]}")
+    for i, sparsity in enumerate(plan["sparsities"]):
+        where = f"data['kv_plan']['sparsities'][{i}]"
+        check_fields(where, sparsity, _KV_SPARSITY)
+        for j, kv in enumerate(sparsity["streaming"]):
+            check_value(f"{where}['streaming'][{j}]", kv, (list,))
+            if len(kv) != 2:
+                raise ValueError(f"{where}['streaming'][{j}]: expected [layer, kv_head], got {kv!r:.60}")
+            check_list(f"{where}['streaming'][{j}]", kv, (int,))
+        for j, memory in enumerate(sparsity["memory"]):
+            check_fields(f"{where}['memory'][{j}]", memory, _KV_MEMORY)
+
+
+def _size(value: float | None) -> str:
+    return "\u2014" if value is None else human_bytes(value)
+
+
+_KV_CSS = """/* KV-cache plan (kv-plan reports only) */
+.kv-plan .kv-facts { margin: 0.3rem 0; font-size: 0.92rem; }
+.kv-plans { display: flex; flex-wrap: wrap; gap: 1rem 1.75rem; align-items: flex-start; }
+.kv-sparsity { margin: 0; }
+.kv-sparsity figcaption { font-weight: 600; font-size: 0.92rem; margin-bottom: 0.25rem; }
+.kv-grid { display: grid; gap: 2px; width: max-content; font-size: 0.72rem; margin-bottom: 0.45rem; }
+.kv-grid .kv-colhead, .kv-grid .kv-rowhead { color: var(--muted); text-align: center; line-height: 1.1rem; font-variant-numeric: tabular-nums; }
+.kv-grid .kv-rowhead { text-align: right; padding-right: 0.3rem; }
+.kv-cell { width: 1.5rem; height: 1.1rem; border-radius: 2px; border: 1px solid rgba(0, 0, 0, 0.15); }
+.kv-full { background: #2e9d57; }
+.kv-streaming { background: #9aa0a6; }
+.kv-window { background: #eef2ee; border-style: dashed; }
+.kv-none { background: repeating-linear-gradient(45deg, #fff, #fff 3px, #f1f1f1 3px, #f1f1f1 6px); }
+.kv-legend .kv-key { display: inline-flex; align-items: center; gap: 0.35rem; font-size: 0.9rem; }
+table.kv-table { margin: 0; }
+"""
+
+_KV_LEGEND = (
+    ("full", "full: keeps the whole context"),
+    ("streaming", "streaming: attention sink + recent window only"),
+    ("window", "window: not a candidate (a sliding-window layer)"),
+    ("none", "no attention in this layer"),
+)
+
+
+def _kv_decisions(plan: dict[str, Any], sparsity: dict[str, Any]) -> dict[tuple[int, int], str]:
+    streaming = {(int(layer), int(kv)) for layer, kv in sparsity["streaming"]}
+    out = {}
+    for head in plan["heads"]:
+        kv = (head["layer"], head["kv_head"])
+        out[kv] = "window" if not head["candidate"] else "streaming" if kv in streaming else "full"
+    return out
+
+
+def _kv_grid(plan: dict[str, Any], sparsity: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """One sparsity's KV heads as the role map lays heads out: a row per layer, a column per KV head."""
+    decisions = _kv_decisions(plan, sparsity)
+    heads = {(h["layer"], h["kv_head"]): h for h in plan["heads"]}
+    counts = {"full": 0, "streaming": 0, "window": 0, "none": 0}
+    parts = ['<span class="kv-corner"></span>']
+    parts += [f'<span class="kv-colhead">{kv}</span>' for kv in range(plan["kv_heads"])]
+    for layer in range(plan["layers"]):
+        parts.append(f'<span class="kv-rowhead">L{layer}</span>')
+        for kv in range(plan["kv_heads"]):
+            decision = decisions.get((layer, kv), "none")
+            counts[decision] += 1
+            head = heads.get((layer, kv))
+            title = f"layer {layer} \u00b7 KV head {kv} \u00b7 {decision}"
+            if head is not None:
+                queries = ",".join(str(q) for q in head.get("query_heads") or [])
+                if queries:
+                    title += f" (query heads {queries})"
+                title += f" \u00b7 long-range mass {html_number(head['mass'])} \u00b7 retrieval {html_number(head['retrieval'])}"
+                if head.get("ablation") is not None:
+                    title += f" \u00b7 ablation \u0394loss {html_number(head['ablation'])}"
+            parts.append(
+                f'<span class="kv-cell kv-{decision}" data-decision="{decision}" data-layer="{layer}" '
+                f'data-kv-head="{kv}" title="{html_text(title)}"></span>'
+            )
+    label = "KV heads by layer (rows) and KV head (columns): " + ", ".join(
+        f"{n} {name}" for name, n in counts.items() if n
+    )
+    grid = (
+        f'<div class="kv-grid" role="img" data-testid="kv-grid" aria-label="{html_text(label)}" '
+        f'style="grid-template-columns:auto repeat({max(plan["kv_heads"], 1)}, 1.5rem)">'
+        + "".join(parts)
+        + "</div>"
+    )
+    return grid, counts
+
+
+def _kv_table(plan: dict[str, Any], sparsity: dict[str, Any]) -> str:
+    ours = sparsity["plan"] or {}
+    mean = sparsity["random_mean"] or {}
+    base = (plan.get("full") or {}).get("text_loss")
+    n_random = int(sparsity.get("random_plans") or 0)
+    if not n_random:
+        random_head = "random mean"
+    elif sparsity.get("random_exhaustive"):
+        random_head = f"all {n_random} plans (mean)"
+    else:
+        random_head = f"{n_random} random plans (mean)"
+
+    def delta(value: float | None) -> str:
+        return html_number(None if value is None or base is None else value - base, sign="+")
+
+    rows = [
+        ("streaming", "streaming KV heads", f"{sparsity['n_streaming']} of {plan['candidates']}", None),
+        ("accuracy", "needle accuracy", html_number(ours.get("accuracy")), html_number(mean.get("accuracy"))),
+        (
+            "answer_loss",
+            "answer loss (nats)",
+            html_number(ours.get("answer_loss")),
+            html_number(mean.get("answer_loss")),
+        ),
+        ("text_loss", "text loss vs full (nats)", delta(ours.get("text_loss")), delta(mean.get("text_loss"))),
+    ]
+    body = []
+    for metric, label, plan_cell, random_cell in rows:
+        cells = (
+            f'<td class="num" colspan="2">{html_text(plan_cell)}</td>'
+            if random_cell is None
+            else f'<td class="num">{html_text(plan_cell)}</td><td class="num">{html_text(random_cell)}</td>'
+        )
+        body.append(f'<tr data-metric="{metric}"><td>{html_text(label)}</td>{cells}</tr>')
+    for memory in sparsity["memory"]:
+        share, reduction = memory["saved_share"], memory["reduction"]
+        saved = "\u2014" if share is None else f"{share:.0%}"
+        if reduction is not None:
+            saved += f" ({reduction:.2f}\u00d7)"
+        title = f"{_size(memory.get('full_bytes'))} \u2192 {_size(memory.get('plan_bytes'))} per sequence"
+        body.append(
+            f'<tr data-metric="memory" data-context="{memory["context"]}">'
+            f"<td>KV cache saved at {memory['context']} tokens</td>"
+            f'<td class="num" colspan="2" title="{html_text(title)}">{html_text(saved)}</td></tr>'
+        )
+    return (
+        '<table class="plain kv-table" data-testid="kv-table"><thead><tr><th></th><th>plan</th>'
+        f"<th>{html_text(random_head)}</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>"
+    )
+
+
+def _kv_section(plan: dict[str, Any]) -> str:
+    """The ``kv-plan`` section: settings, a legend, and per sparsity a KV-head grid and a table."""
+    total = len(plan["heads"])
+    contexts = ", ".join(str(c) for c in plan["contexts"]) or "\u2014"
+    facts = [
+        f"model <b>{html_text(plan['model'])}</b>",
+        f"ranked by <b>{html_text(plan['method'])}</b>",
+        f"streaming heads keep sink {plan['sink']} + recent {plan['recent']} tokens",
+        f"context{'s' if len(plan['contexts']) != 1 else ''} {html_text(contexts)} tokens",
+        f"{plan['candidates']} of {total} KV heads are candidates",
+    ]
+    if plan.get("prompts") or plan.get("text_chunks"):
+        facts.append(
+            f"{plan.get('prompts', 0)} needle prompts, {plan.get('text_chunks', 0)} stretches of text"
+        )
+    full = plan.get("full") or {}
+    if full:
+        facts.append(
+            f"full attention: needle accuracy {html_number(full.get('accuracy'))}, "
+            f"answer loss {html_number(full.get('answer_loss'))}, text loss {html_number(full.get('text_loss'))} nats"
+        )
+    parts = [
+        '<section id="kv-plan" class="kv-plan" data-testid="kv-plan" aria-labelledby="kv-plan-title">',
+        '<h2 id="kv-plan-title">KV-cache plan</h2>',
+        '<p class="kv-facts" data-testid="kv-facts">' + " \u00b7 ".join(facts) + "</p>",
+    ]
+    agreement = {k: v for k, v in (plan.get("agreement") or {}).items() if v is not None}
+    if agreement:
+        parts.append(
+            '<p class="kv-facts">rank agreement with leave-one-out ablation (Spearman): '
+            + html_text(", ".join(f"{name} {value:+.2f}" for name, value in agreement.items()))
+            + "</p>"
+        )
+    if plan["notes"]:
+        parts.append(
+            '<ul class="notes" data-testid="kv-notes">'
+            + "".join(f"<li>{html_text(note)}</li>" for note in plan["notes"])
+            + "</ul>"
+        )
+    figures = []
+    shown: set[str] = set()
+    for sparsity in plan["sparsities"]:
+        grid, counts = _kv_grid(plan, sparsity)
+        shown |= {name for name, n in counts.items() if n}
+        level = "?" if sparsity["sparsity"] is None else f"{sparsity['sparsity']:g}"
+        figures.append(
+            f'<figure class="kv-sparsity" data-testid="kv-sparsity" data-sparsity="{level}">'
+            f"<figcaption>sparsity {level} \u00b7 {counts['full']} full, {counts['streaming']} streaming</figcaption>"
+            + grid
+            + _kv_table(plan, sparsity)
+            + "</figure>"
+        )
+    legend = [
+        f'<span class="kv-key"><span class="swatch kv-{name}" aria-hidden="true"></span>{html_text(text)}</span>'
+        for name, text in _KV_LEGEND
+        if name != "none" or name in shown
+    ]
+    parts.append('<div class="legend kv-legend" data-testid="kv-legend">' + "".join(legend) + "</div>")
+    if figures:
+        parts.append('<div class="kv-plans">' + "".join(figures) + "</div>")
+    else:
+        parts.append('<p class="empty">No sparsity was planned.</p>')
+    parts.append("</section>\n")
+    return "".join(parts)
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) or math.isinf(number) else number
+
+
+def _evaluation(value: Any) -> dict[str, float | None] | None:
+    if not isinstance(value, dict):
+        return None
+    return {k: _number(value.get(k)) for k in ("accuracy", "answer_loss", "text_loss")}
+
+
+def plan_data(result: dict[str, Any]) -> dict[str, Any] | None:
+    """``kv-plan``'s plan for the page: its settings, each KV head's scores, each sparsity's plan."""
+    plan = result.get("kv_plan")
+    if not isinstance(plan, dict):
+        return None
+    heads = [
+        {
+            "layer": int(h["layer"]),
+            "kv_head": int(h["kv_head"]),
+            "query_heads": [int(q) for q in h.get("query_heads") or []],
+            "candidate": bool(h.get("candidate")),
+            "mass": _number(h.get("mass")),
+            "retrieval": _number(h.get("retrieval")),
+            "ablation": _number(h.get("ablation")),
+            "rank_score": _number(h.get("rank_score")),
+        }
+        for h in plan.get("heads") or []
+    ]
+    layers = int(plan.get("layers") or max((h["layer"] + 1 for h in heads), default=0))
+    kv_heads = int(plan.get("kv_heads") or max((h["kv_head"] + 1 for h in heads), default=0))
+    candidates = plan.get("candidates")
+    n_candidates = len(candidates) if isinstance(candidates, list) else sum(h["candidate"] for h in heads)
+    sparsities = []
+    for s in plan.get("sparsities") or []:
+        random = s.get("random") or []
+        sparsities.append(
+            {
+                "sparsity": _number(s.get("sparsity")),
+                "n_streaming": int(s.get("n_streaming") or 0),
+                "streaming": [[int(layer), int(kv)] for layer, kv in s.get("streaming") or []],
+                "plan": _evaluation(s.get("plan")),
+                "random_mean": _evaluation(s.get("random_mean")),
+                "random_plans": len(random) if isinstance(random, list) else 0,
+                "random_exhaustive": bool(s.get("random_exhaustive")),
+                "memory": [
+                    {
+                        "context": int(m["context"]),
+                        "full_bytes": _number(m.get("full_bytes")),
+                        "plan_bytes": _number(m.get("plan_bytes")),
+                        "saved_share": _number(m.get("saved_share")),
+                        "reduction": _number(m.get("reduction")),
+                    }
+                    for m in s.get("memory") or []
+                ],
+            }
+        )
+    agreement = plan.get("agreement") or {}
+    return {
+        "model": str(plan.get("model") or result.get("model") or ""),
+        "method": str(plan.get("method") or ""),
+        "sink": int(plan.get("sink") or 0),
+        "recent": int(plan.get("recent") or 0),
+        "contexts": [int(c) for c in plan.get("contexts") or []],
+        "kv_dtype": str(plan.get("kv_dtype") or ""),
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "candidates": int(n_candidates),
+        "prompts": int(plan.get("prompts") or 0),
+        "text_chunks": int(plan.get("text_chunks") or 0),
+        "full": _evaluation(plan.get("full")),
+        "agreement": {str(k): _number(v) for k, v in agreement.items()}
+        if isinstance(agreement, dict)
+        else {},
+        "notes": [str(n) for n in plan.get("notes") or []],
+        "heads": heads,
+        "sparsities": sparsities,
+    }
+
+
+def section_html(saved: dict[str, Any]) -> str | None:
+    """The ``kv-plan`` section of the HTML report, from a result's JSON (None: it holds no plan).
+    Its stylesheet comes first, in a ``<style>`` the report moves into the page's head."""
+    plan = plan_data(saved)
+    if plan is None:
+        return None
+    check_plan_data(plan)
+    return f"<style>\n{_KV_CSS}</style>\n" + _kv_section(plan)
+
+
+def plan_folder(result: Any, path: Path, force: bool) -> str:
+    """``--out``: the plan's folder (DuoAttention's files, plan.csv, curve.png)."""
+    written = write_plan_dir(result.kv_plan, path, force)
+    return f"{len(written)} files to {Path(path)}"
