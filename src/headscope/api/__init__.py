@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from headscope.api.result import AttentionMap, Result
 from headscope.detectors import Detector, PatternDetector, TargetDetector
 from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
+from headscope.models.options import LoadOptions
 from headscope.outputs.progress import progress_option
 from headscope.rolespec import RoleSpec
 
@@ -52,15 +55,12 @@ def load(
     and as it is (``device``, ``dtype`` and ``device_map`` are for specs). ``capture`` is auto,
     stream or eager.
     """
-    if capture not in CAPTURES:
-        raise InputError(f"capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device is not None and device not in DEVICES:
-        raise InputError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    options = LoadOptions(
+        device=device, dtype=dtype, capture=capture, device_map=device_map, revision=revision
+    )
     if isinstance(model, LoadedModel):
-        given = _given(
-            device=device, dtype=dtype, device_map=device_map, revision=revision, tokenizer=tokenizer
+        given = [n for n in options.given() if n != "capture"] + (
+            ["tokenizer"] if tokenizer is not None else []
         )
         if capture != "auto":
             given.append("capture")
@@ -78,15 +78,8 @@ def load(
             )
         from headscope.models import load as load_spec
 
-        return load_spec(
-            os.fspath(model),
-            device=device or "cpu",  # type: ignore[arg-type]
-            dtype=dtype or "float32",  # type: ignore[arg-type]
-            capture=capture,  # type: ignore[arg-type]
-            device_map=device_map,
-            revision=revision,
-        )
-    given = _given(device=device, dtype=dtype, device_map=device_map, revision=revision)
+        return load_spec(os.fspath(model), **options.for_spec())
+    given = [n for n in options.given() if n != "capture"]
     if given:
         raise InputError(
             f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model spec; a model object is "
@@ -96,15 +89,6 @@ def load(
     from headscope.models.wrap import wrap
 
     return wrap(model, tokenizer, capture=capture, name=name)  # type: ignore[arg-type]
-
-
-CAPTURES = ("auto", "stream", "eager")
-DTYPES = ("float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda", "mps")
-
-
-def _given(**values: Any) -> list[str]:
-    return [name for name, value in values.items() if value is not None]
 
 
 def plan(analysis: str, **options: Any) -> tuple[Any, Any]:
@@ -132,11 +116,16 @@ def run(
     device_map: str | None = None,
     revision: str | None = None,
     progress: bool | ProgressFactory | None = None,
+    profile: bool = False,
     planned: tuple[Any, Any] | None = None,
     on_loaded: Callable[[LoadedModel], None] | None = None,
     **options: Any,
 ) -> Result:
-    """Run one analysis by name (``"scan"``, ``"induction"``, …); see ``hs.scan`` and friends."""
+    """Run one analysis by name (``"scan"``, ``"induction"``, …); see ``hs.scan`` and friends.
+
+    ``profile=True``: the result's ``profile`` is the cost ledger (:class:`headscope.capture.ledger.Profile`):
+    the seconds spent loading, and per step of the run its seconds and its cost as a multiple of a
+    bare forward over the tokens its passes ran (measured after the run, on one batch per length)."""
     chosen = get(analysis)
     if planned is not None and options:
         raise InputError(f"planned= already holds the options; drop {', '.join(sorted(options))}")
@@ -145,6 +134,9 @@ def run(
             f"{analysis} chooses its own capture (its per-head writes need streaming)", hint="drop capture="
         )
     values, prepared = planned if planned is not None else plan(analysis, **options)
+    from headscope.capture import ledger
+
+    started = time.perf_counter()
     loaded = load(
         model,
         tokenizer,
@@ -154,19 +146,23 @@ def run(
         device_map=device_map,
         revision=revision,
     )
+    load_seconds = time.perf_counter() - started
     if on_loaded is not None:
         on_loaded(loaded)
-    with progress_option(progress) as advance:
+    with progress_option(progress) as advance, ledger.recording() if profile else nullcontext() as book:
+        started = time.perf_counter()
         outcome = execute(chosen, loaded, values, prepared, advance)
-    return Result(analysis, outcome=outcome, options=values, loaded=loaded)
+        run_seconds = time.perf_counter() - started
+    result = Result(analysis, outcome=outcome, options=values, loaded=loaded)
+    if book is not None:
+        result.profile = book.profile(loaded, load_seconds, outcome.report.timings, run_seconds)
+    return result
 
 
 LOAD_PARAMETERS = (
-    ("device", None, "str | None"),
-    ("dtype", None, "str | None"),
-    ("capture", "auto", "str"),
-    ("device_map", None, "str | None"),
+    *((f.name, f.default, str(f.type)) for f in dataclasses.fields(LoadOptions)),
     ("progress", None, "bool | Callable | None"),
+    ("profile", False, "bool"),
 )
 
 
@@ -216,8 +212,10 @@ def _analysis_function(name: str) -> Callable[..., Result]:
     )
     function.__doc__ = (
         f"{analysis.summary}\n\n{form}"
-        "device, dtype, capture, device_map: how a spec is loaded (see ``hs.load``); progress: True for "
-        "a progress bar.\n\nOptions:\n" + "\n".join(lines) + "\n\nReturns a :class:`headscope.Result`."
+        f"{', '.join(LoadOptions.names())}: how a spec is loaded (see ``hs.load``); progress: True for "
+        "a progress bar; profile: True for the cost ledger (``result.profile``, see ``hs.run``).\n\nOptions:\n"
+        + "\n".join(lines)
+        + "\n\nReturns a :class:`headscope.Result`."
     )
     return function
 
@@ -279,18 +277,30 @@ def show(
     device: str | None = None,
     dtype: str | None = None,
     capture: str = "auto",
+    profile: bool = False,
 ) -> AttentionMap:
     """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
-    ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all"."""
+    ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all".
+    ``profile=True``: its ``profile`` is the cost ledger, as with :func:`run`."""
     from headscope.analyses.show import check_request, show_attention
     from headscope.capture import prepared as borrowed
 
     head_text = ",".join(str(h) for h in heads) if isinstance(heads, list | tuple) else str(heads)
     check_request(text, head_text, words, word_sep)
+    from headscope.capture import ledger
+
+    started = time.perf_counter()
     loaded = load(model, tokenizer, device=device, dtype=dtype, capture=capture)
-    with borrowed(loaded):
-        view = show_attention(loaded, text, layer, head_text, words=words, word_sep=word_sep)
-    return AttentionMap(view, loaded.name)
+    load_seconds = time.perf_counter() - started
+    with ledger.recording() if profile else nullcontext() as book:
+        started = time.perf_counter()
+        with borrowed(loaded):
+            view = show_attention(loaded, text, layer, head_text, words=words, word_sep=word_sep)
+        run_seconds = time.perf_counter() - started
+    attention = AttentionMap(view, loaded.name)
+    if book is not None:
+        attention.profile = book.profile(loaded, load_seconds, {}, run_seconds)
+    return attention
 
 
 def compare(a: Any, b: Any) -> Any:

@@ -52,6 +52,8 @@ class Result:
         self._saved = saved
         self._examples: list[dict[str, Any]] | None = None
         self._read_notes: list[str] = []  # what reading a saved result noted (a newer writer)
+        # hs.run(..., profile=True): the cost ledger (headscope.capture.ledger.Profile); else None
+        self.profile: Any = None
 
     # --- what it holds ----------------------------------------------------------------------------
 
@@ -826,6 +828,7 @@ class AttentionMap:
     def __init__(self, view: Any, model: str) -> None:
         self.view = view
         self.model = model
+        self.profile: Any = None  # hs.show(..., profile=True): the cost ledger
 
     @property
     def labels(self) -> list[str]:

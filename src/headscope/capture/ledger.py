@@ -115,6 +115,27 @@ class Ledger:
             out.append(PartCost(name, wall, tokens, len(shapes), bare))
         return out
 
+    def profile(self, loaded: Any, load_seconds: float, timings: dict[str, float], run: float) -> Profile:
+        """The profile of a run recorded in this ledger: ``timings`` are its timed steps (wall seconds);
+        "run" is the rest of ``run`` seconds (all of it when the analysis has no steps)."""
+        seconds = {**timings, "run": run - sum(timings.values())}
+        return Profile(load_seconds, self.costs(loaded, seconds))
+
+
+@dataclass
+class Profile:
+    """Where a run's time went: loading the model, then each part's cost (:class:`PartCost`)."""
+
+    load_seconds: float
+    costs: list[PartCost]
+
+    @property
+    def seconds(self) -> float:
+        return self.load_seconds + sum(cost.seconds for cost in self.costs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"load_seconds": self.load_seconds, "parts": [cost.to_json() for cost in self.costs]}
+
 
 def _sync(device: Any) -> None:
     if torch.device(device).type == "cuda":

@@ -87,7 +87,7 @@ def _command_for(analysis: Analysis) -> None:
             options,
             given["load"],
             emit,
-            capture=given["capture"].capture if "capture" in given else "auto",
+            capture=given.get("capture"),
             top=given["top"].top if "top" in given else 10,
             csv=given["csv"].csv,
             outputs=tuple((o.flag, path) for o, path in chosen if o.kind == "file"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -10,7 +11,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,13 +23,13 @@ from rich.markup import escape
 from headscope import files
 from headscope.analyses.protocol import option
 from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
+from headscope.models.options import LoadOptions, spec_default
 from headscope.outputs.progress import (
     INTERRUPTED,
     PROFILE_NOTE,
     PrintedParts,
     checked_bars,
     profile_line,
-    profile_parts,
 )
 from headscope.outputs.writing import check_outputs, render, table_file
 
@@ -82,31 +83,27 @@ ModelArg = Annotated[
 # --- option groups, each declared once ---------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class Device:
-    device: str = option("cpu", "Where to run the model.", choices=("auto", "cpu", "cuda", "mps"))
+def _load_group(name: str, *names: str, extra: tuple[tuple[str, type, Any], ...] = ()) -> type:
+    """Options of :class:`LoadOptions` (their help texts, choices and checks, declared there), at
+    the defaults a spec loads with (``--device cpu``), and the command's own ``extra`` fields."""
+    declared = {f.name: f for f in dataclasses.fields(LoadOptions)}
+    fields = [
+        (n, declared[n].type, field(default=spec_default(n), metadata=declared[n].metadata)) for n in names
+    ]
+    return dataclasses.make_dataclass(name, [*fields, *extra], kw_only=True)
 
 
-@dataclass(kw_only=True)
-class Where(Device):
-    dtype: str = option(
-        "float32", "Model weights dtype (scores are float32).", choices=("float32", "bfloat16", "float16")
-    )
+Device = _load_group("Device", "device")
+Where = _load_group("Where", "device", "dtype")
+_PROFILE = option(False, "Print on stderr where the time went: loading, each step, the output.")
+Load = _load_group("Load", "device", "dtype", "device_map", extra=(("profile", bool, _PROFILE),))
+Capture = _load_group("Capture", "capture")
 
 
-@dataclass(kw_only=True)
-class Load(Where):
-    device_map: str | None = option(None, "'auto': let accelerate spread a model too big for one device.")
-    profile: bool = option(False, "Print on stderr where the time went: loading, each step, the output.")
-
-
-@dataclass(kw_only=True)
-class Capture:
-    capture: str = option(
-        "auto",
-        "stream: per-layer hand-off (default); eager: output_attentions.",
-        choices=("auto", "stream", "eager"),
-    )
+def load_options(*groups: Any) -> LoadOptions:
+    """The load options the command line gave, from its groups."""
+    given = {n: getattr(g, n) for g in groups for n in LoadOptions.names() if hasattr(g, n)}
+    return LoadOptions(**given)
 
 
 @dataclass(kw_only=True)
@@ -203,22 +200,22 @@ def handle_errors(debug: bool) -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
-def load_model(model: str, load: Load, capture: str = "auto") -> Any:
+def load_model(model: str, options: LoadOptions) -> Any:
     import headscope.api as hs
 
     status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
     with contextlib.nullcontext() if PLAIN else err.status(status):
-        loaded = hs.load(
-            model,
-            device=load.device,
-            dtype=load.dtype,
-            capture=capture,
-            device_map=load.device_map,
-        )
+        loaded = hs.load(model, **dataclasses.asdict(options))
     layout = loaded.layout
     kind = "causal" if loaded.is_causal else "bidirectional"
     err.print(f"{loaded.name}: {layout.describe()}, {kind}, capture={loaded.capture_mode}", soft_wrap=True)
     return loaded
+
+
+def print_profile(profile: Any, load_seconds: float, output_seconds: float) -> None:
+    """``--profile``: the run's cost ledger (``hs.run(..., profile=True)``), after the output."""
+    err.print(profile_line(load_seconds, profile.costs, output_seconds), soft_wrap=True)
+    err.print(PROFILE_NOTE, soft_wrap=True)
 
 
 def wrote(what: str | Path | None) -> None:
@@ -261,7 +258,7 @@ def run_analysis(
     load: Load,
     emit: Emit,
     *,
-    capture: str = "auto",
+    capture: Any = None,
     top: int = 10,
     csv: Path | None = None,
     outputs: tuple[tuple[str, Path | None], ...] = (),
@@ -269,14 +266,13 @@ def run_analysis(
 ) -> None:
     """Every analysis command: check, load, run (and verify) through the API, render, write files."""
     import headscope.api as hs
-    from headscope.capture import ledger as capture_ledger
     from headscope.outputs import report
 
     with entry_cli(), handle_errors(emit.debug):
         planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
         started = time.perf_counter()
-        loaded = load_model(model, load, capture)
+        loaded = load_model(model, load_options(load, capture))
         loaded_seconds = time.perf_counter() - started
         with checked_bars(err) as progress:
             # Tables go out as their part finishes (scan), unless a later table would hold roles
@@ -284,10 +280,7 @@ def run_analysis(
             printed = PrintedParts(out, top) if emit.fmt == "table" and emit.output == "-" else None
             if printed is not None:
                 progress.on_part = lambda part: printed.show(part, progress)
-            started = time.perf_counter()
-            with capture_ledger.recording() as book:
-                result = hs.run(name, loaded, planned=planned, progress=progress)
-            run_seconds = time.perf_counter() - started
+            result = hs.run(name, loaded, planned=planned, progress=progress, profile=load.profile)
         started = time.perf_counter()
         write_output(
             emit,
@@ -297,11 +290,8 @@ def run_analysis(
             lambda: report.table_csv(result.table),
             lambda: result.to_dict(name),
         )
-        if load.profile:
-            seconds = time.perf_counter() - started
-            costs = book.costs(loaded, profile_parts(result.report.timings, run_seconds))
-            err.print(profile_line(loaded_seconds, costs, seconds), soft_wrap=True)
-            err.print(PROFILE_NOTE, soft_wrap=True)
+        if result.profile is not None:
+            print_profile(result.profile, loaded_seconds, time.perf_counter() - started)
         for note in result.notes:
             err.print(f"note: {note}", soft_wrap=True)
         if csv is not None:

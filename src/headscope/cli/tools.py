@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +27,9 @@ from .common import (
     err,
     handle_errors,
     load_model,
+    load_options,
     out,
+    print_profile,
     write_output,
     wrote,
 )
@@ -201,11 +204,8 @@ def report_cmd(
         notes: list[str] = []
         if examples:
             try:
-                saved.attach(
-                    load_model(
-                        model or str(saved.to_dict().get("spec") or saved.model), Load(device=where.device)
-                    )
-                )
+                spec = model or str(saved.to_dict().get("spec") or saved.model)
+                saved.attach(load_model(spec, load_options(where)))
             except HeadscopeError as exc:
                 notes.append(f"attention heatmaps left out: {exc}")
         document = saved.html(examples=examples, command=command_line(), notes=notes)
@@ -250,19 +250,18 @@ def show(
 
         import headscope.api as hs
         from headscope.analyses import show as looking
-        from headscope.capture import ledger
         from headscope.outputs import views
-        from headscope.outputs.progress import PROFILE_NOTE, profile_line
 
         check_outputs(emit.force, ("-o", emit.output), ("--png", png))
         looking.check_request(text, head, words, word_sep)  # before spending seconds on loading a model
-        clock = [time.perf_counter()]  # --profile: load, the pass, the output, as scan --profile
-        loaded = load_model(model, load, capture.capture)
-        clock.append(time.perf_counter())
-        with ledger.recording() as book:
-            view = hs.show(loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep).view
-        clock.append(time.perf_counter())
-        shown, note = views.window(view, start, max_tokens)
+        started = time.perf_counter()  # --profile: load, the pass, the output, as scan --profile
+        loaded = load_model(model, load_options(load, capture))
+        load_seconds = time.perf_counter() - started
+        attention = hs.show(
+            loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep, profile=load.profile
+        )
+        started = time.perf_counter()
+        shown, note = views.window(attention.view, start, max_tokens)
         if note is not None:
             err.print(note, soft_wrap=True)
         write_output(
@@ -276,12 +275,8 @@ def show(
                 for warning in views.save_png(shown, tmp):
                     err.print(f"warning: {warning}", soft_wrap=True)
             wrote(png)
-        if load.profile:
-            costs = book.costs(loaded, {"run": clock[2] - clock[1]})
-            err.print(
-                profile_line(clock[1] - clock[0], costs, time.perf_counter() - clock[2]), soft_wrap=True
-            )
-            err.print(PROFILE_NOTE, soft_wrap=True)
+        if attention.profile is not None:
+            print_profile(attention.profile, load_seconds, time.perf_counter() - started)
 
 
 @command(app)
@@ -292,7 +287,7 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
         from headscope.outputs import views
 
         check_outputs(emit.force, ("-o", emit.output))
-        loaded = hs.load(model, device=load.device, dtype=load.dtype)
+        loaded = hs.load(model, **dataclasses.asdict(load_options(load)))
         data = views.info_data(loaded)
         write_output(
             emit, lambda console: views.print_info(data, console), lambda: views.info_csv(data), lambda: data
@@ -311,11 +306,12 @@ def compare_cmd(
 ) -> None:
     """Compare two scan CSVs: best heads, score changes of shared heads, roles gained and lost."""
     with handle_errors(emit.debug):
+        import headscope.api as hs
         from headscope.outputs import report
-        from headscope.outputs.compare import JOINED_COLUMNS, compare, read_scan_csv
+        from headscope.outputs.compare import JOINED_COLUMNS
 
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv))
-        result = compare(read_scan_csv(a), read_scan_csv(b))
+        result = hs.compare(a, b)
         write_output(
             emit,
             lambda console: report.print_comparison(result, console),

@@ -7,10 +7,7 @@ from typing import Any, Literal
 
 from headscope.errors import ModelLoadError
 
-DeviceName = Literal["auto", "cpu", "cuda", "mps"]
-
-
-DtypeName = Literal["float32", "bfloat16", "float16"]
+from .options import DeviceName, DtypeName  # noqa: F401  (declared with the load options)
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from headscope.errors import InputError
 
 from .layout import LoadedModel
 from .load import assemble, check_weights_present, unwrap_adapters
-
-CaptureName = Literal["auto", "stream", "eager"]
+from .options import CaptureName
 
 
 def wrap(
