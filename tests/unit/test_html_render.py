@@ -256,3 +256,73 @@ def test_check_data_wants_the_role_map_to_be_the_models_grid():
     data["heads"] = data["heads"][:-1]
     with pytest.raises(ValueError, match=r"expected 3 x 4 heads \(the model's layout\), got 11"):
         check_data(data)
+
+
+# --- an analysis' own section: scan's describe cards in the head panel ----------------------------------
+
+_ATLAS_HEAD = {
+    "layer": 1,
+    "head": 0,
+    "kv_group": 0,
+    "explained": {"value": 0.93, "ci_low": 0.92, "ci_high": 0.94},
+    "explained_off_first": {"value": 0.9, "ci_low": 0.89, "ci_high": 0.91},
+    "first_token": 0.05,
+    "left": 0.07,
+    "components": [{"template": "local-4", "name": "local-4", "weight": 1.0, "query_class": "all"}],
+    "dominant": "local-4",
+    "roles": [],
+    "contexts": [
+        {
+            "window": "natural<en>#1",
+            "off_first": 0.96,
+            "arrows": [
+                {
+                    "query": 2,
+                    "key": 1,
+                    "weight": 0.4,
+                    "query_token": "cat",
+                    "key_token": "The",
+                    "before": "",
+                    "between": "",
+                }
+            ],
+        }
+    ],
+}
+
+
+class _ScanResult:
+    """What Scan.html_section reads: a live atlas in ``state``, else the atlas of the result's JSON."""
+
+    def __init__(self, atlas: dict | None) -> None:
+        self.state: dict = {}
+        self._atlas = atlas
+
+    def to_dict(self) -> dict:
+        return {"atlas": self._atlas}
+
+
+def test_scan_puts_each_heads_describe_card_into_the_report():
+    from headscope.analyses.protocol import get
+
+    section = get("scan").html_section(_ScanResult({"heads": [_ATLAS_HEAD]}))
+    page = render(make_data(), [section])
+    head, body = page.split("<body>", 1)
+    assert ".head-card .card" in head and "<style>" not in body  # the section's CSS joins the stylesheet
+    cards = re.findall(r'<template data-head-card="(\d+),(\d+)">(.*?)</template>', body, flags=re.S)
+    assert [(layer, h) for layer, h, _ in cards] == [("1", "0")]
+    card = cards[0][2]
+    # the description, the share it explains and leaves, the top contexts (escaped)
+    assert "explains 0.930" in card and "leaves 0.07" in card
+    assert "natural&lt;en&gt;#1" in card and "natural<en>" not in page
+    assert 'id="head-cards" hidden' in body
+    # the head panel shows the card of the head it opens
+    assert "template[data-head-card=" in page and 'data-testid": "panel-card"' in page
+    embedded_json(page)  # the page data is unchanged in form
+
+
+def test_scan_without_an_atlas_adds_no_section():
+    from headscope.analyses.protocol import get
+
+    assert get("scan").html_section(_ScanResult(None)) is None
+    assert render(make_data(), []) == render(make_data())
