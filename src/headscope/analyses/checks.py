@@ -1,7 +1,7 @@
 """The causal checks the analyses return from ``verify``, and the helpers their modules share.
 
 A :class:`Check` is one causal check: ``value`` is the analysis' own record, whose type picks its
-printer in ``outputs`` (``report.check_printers``); ``kind`` names it in the analysis' JSON; and
+own printer (``print_to(console, top)``, beside its analysis); ``kind`` names it in the analysis' JSON; and
 ``to_json`` is what the result JSON carries.
 """
 
@@ -20,7 +20,7 @@ from .protocol import Analysis, Outcome, spelled
 
 @dataclass
 class Check:
-    """One causal check: ``value`` is the analysis' own record (its type picks the printer);
+    """One causal check: ``value`` is the analysis' own record (it prints itself: ``print_to``);
     ``kind`` names the check in the analysis' JSON."""
 
     kind: str

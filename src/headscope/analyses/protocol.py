@@ -10,7 +10,7 @@ An analysis is a small class with:
 * ``run(loaded, options, prepared, progress) -> Outcome``: the report and what the verification
   needs;
 * ``verify(loaded, outcome, options, progress) -> list``: the causal checks (ablations); each
-  check has a ``kind``, a ``to_json()``, and a printer in ``outputs``;
+  check has a ``kind``, a ``to_json()``, and its value prints itself (``print_to(console, top)``);
 * ``json(outcome)``: what it adds to the result JSON beyond the tidy rows.
 
 The registry (:data:`ANALYSES`) serves the API (``hs.scan``, …), the CLI and the sweep executors.
@@ -130,9 +130,9 @@ class Outcome:
 @dataclass(frozen=True)
 class Output:
     """A file or folder an analysis' command writes besides ``--csv`` and ``-o`` (``--html``,
-    ``--png``, ``--out``): its flag and help text, and its writer. The writers live above the
-    analyses (outputs, the API's Result), so ``writer`` names one in the CLI's table
-    (``headscope.cli.analyses.WRITERS``); a plugin may give its own ``writer(result, path, force)``.
+    ``--png``, ``--out``): its flag and help text, and its writer ``writer(result, path, force)``,
+    kept beside the analysis (:mod:`headscope.analyses.writers` holds the shared ones); a name
+    (``"html"``) picks a built-in's named writer (``headscope.outputs.writing.WRITERS``).
 
     ``needs`` names an option this output needs (``--json`` writes the ablation: ``ablate``); when
     it is not set the command stops, before the model loads, with ``refusal`` (default: "--json
