@@ -149,6 +149,6 @@ def test_a_sweep_records_the_explained_share_by_step(toy_dir, tmp_path):
     losses = result.losses.sort_values("step")
     assert list(losses["step"]) == [100, 200]
     assert losses["explained"].between(0, 1).all()
-    assert {"explained_off_first", "dominant_position"} <= set(losses.columns)
+    assert {"explained_off_first", "dominant_sink"} <= set(losses.columns)
     # The same weights at both steps: the same description and share.
     assert losses["explained"].iloc[0] == pytest.approx(losses["explained"].iloc[1])

@@ -29,7 +29,7 @@ from .fit import EvalStats, Fitted, bootstrap_shares
 from .templates import QUERY_CLASSES, Template, Text
 
 SCHEMA = "headscope-atlas/1"
-KINDS = ("position", "token", "structure", "syntax", "key-class", "other")
+KINDS = ("sink", "offset", "diffuse", "token", "structure", "syntax", "key-class", "other")
 SINK_SHARE = 0.5  # "sink" only for a head that puts at least this much on the first token
 
 
@@ -200,7 +200,11 @@ def describe_components(components: Sequence[dict[str, Any]], digits: int = 2) -
         by_class.setdefault(c["query_class"], []).append(c)
     if list(by_class) == ["all"]:
         return part(by_class["all"])
-    return "; ".join(f"on {cls}: {part(items)}" for cls, items in by_class.items())
+    # Classes with the same description share one entry ("on digit, content-word: ...").
+    grouped: dict[str, list[str]] = {}
+    for cls, items in by_class.items():
+        grouped.setdefault(part(items), []).append(cls)
+    return "; ".join(f"on {', '.join(classes)}: {text}" for text, classes in grouped.items())
 
 
 def _components(

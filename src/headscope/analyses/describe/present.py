@@ -27,8 +27,7 @@ def summary_line(atlas: Atlas) -> str:
         f"explained share {_ci(atlas.explained)}, off the first token {_ci(atlas.explained_off_first)} "
         f"(mean over {len(atlas.heads)} heads; evaluation: {ev['from']}, {ev['windows']} windows, "
         f"{ev['queries']} queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
-        f"Without query classes: {atlas.explained_unconditioned['value']:.3f}. "
-        f"Attention on the keys the descriptions name: {atlas.covered:.3f}."
+        f"Without query classes: {atlas.explained_unconditioned['value']:.3f}."
     )
 
 
@@ -36,12 +35,16 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
     """The summary, the division of labour by layer, the least explained heads, then every head."""
     console.print(f"{atlas.model}: every head described by templates", soft_wrap=True)
     console.print(summary_line(atlas), soft_wrap=True, highlight=False)
+    by_layer = atlas.by_layer()
+    shown = [
+        k for k in KINDS if any(row.get(k, 0) for row in by_layer.values())
+    ]  # kinds no head has: left out
     kinds = Table(title="dominant kind of template per layer (heads)", title_justify="left")
     kinds.add_column("layer", justify="right")
-    for kind in KINDS:
-        kinds.add_column(kind, justify="right")
-    for layer, row in atlas.by_layer().items():
-        kinds.add_row(layer, *(str(row.get(kind, 0) or "") for kind in KINDS))
+    for kind in shown:
+        kinds.add_column(kind, justify="right", no_wrap=True)
+    for layer, row in by_layer.items():
+        kinds.add_row(layer, *(str(row.get(kind, 0) or "") for kind in shown))
     console.print(kinds)
     worst = sorted(atlas.heads, key=lambda h: h["explained"]["value"])[: max(0, top)]
     if worst:
@@ -51,31 +54,21 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
             soft_wrap=True,
             highlight=False,
         )
-    table = Table(
-        title="each head: what it looks at (weights sum to 1), explained on evaluation text",
-        title_justify="left",
+    console.print(
+        "each head: explained share [95% CI] on evaluation text, its share off the first token, its "
+        "attention on the first token, then its description (weights sum to 1) and roles",
+        soft_wrap=True,
     )
-    for column, justify in (
-        ("head", "left"),
-        ("dominant", "left"),
-        ("description", "left"),
-        ("explained", "right"),
-        ("off first", "right"),
-        ("on first", "right"),
-        ("roles", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for head in atlas.heads:
-        table.add_row(
-            f"L{head['layer']}H{head['head']}",
-            head["dominant"],
-            describe_components(head["components"]),
-            _ci(head["explained"]),
-            f"{head['explained_off_first']['value']:.2f}",
-            f"{head['first_token']:.2f}",
-            ",".join(head["roles"]),
+        roles = f"  roles: {','.join(head['roles'])}" if head["roles"] else ""
+        console.print(
+            f"L{head['layer']}H{head['head']:<3} {head['dominant']:<22} {_ci(head['explained'])}  "
+            f"off {head['explained_off_first']['value']:.2f}  first {head['first_token']:.2f}  "
+            f"{describe_components(head['components'])}{roles}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
         )
-    console.print(table)
 
 
 def _card(head: dict[str, Any]) -> str:

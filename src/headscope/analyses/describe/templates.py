@@ -429,14 +429,14 @@ Targets = tuple[np.ndarray, np.ndarray, np.ndarray]
 class Template:
     """One named attention pattern: ``targets(text)`` gives ``(queries, keys, weights)``.
 
-    ``kind`` groups templates for the division-of-labour table (position, token, structure,
-    syntax, key-class); ``family`` is the name an atlas reports (``decay`` for every rate, with
+    ``kind`` groups templates for the division-of-labour table (sink, offset, diffuse, token,
+    structure, syntax, key-class); ``family`` is the name an atlas reports (``decay`` for every rate, with
     ``param`` the rate)."""
 
     name: str
     summary: str
     targets: Callable[[Text], Targets]
-    kind: str = "other"
+    kind: str = "other"  # sink, offset, diffuse, token, structure, syntax, key-class (or other)
     family: str = ""
     param: float | None = None
     encoder_only: bool = False
@@ -682,20 +682,16 @@ def key_class(name: str) -> Callable[[Text], Targets]:
 
 def _builtins() -> list[Template]:
     out = [
-        Template(
-            "sink", "the first token (key 0: BOS or CLS where the tokenizer adds one)", sink, "position"
-        ),
-        Template("self", "the query's own token", self_, "position"),
+        Template("sink", "the first token (key 0: BOS or CLS where the tokenizer adds one)", sink, "sink"),
+        Template("self", "the query's own token", self_, "offset"),
     ]
+    out += [Template(f"offset-{n}", f"the token {n} before the query", offset(n), "offset") for n in OFFSETS]
     out += [
-        Template(f"offset-{n}", f"the token {n} before the query", offset(n), "position") for n in OFFSETS
-    ]
-    out += [
-        Template(f"offset+{n}", f"the token {n} after the query", offset(-n), "position", encoder_only=True)
+        Template(f"offset+{n}", f"the token {n} after the query", offset(-n), "offset", encoder_only=True)
         for n in OFFSETS
     ]
     out += [
-        Template(f"local-{w}", f"uniform over the last {w} keys (self included)", local(w), "position")
+        Template(f"local-{w}", f"uniform over the last {w} keys (self included)", local(w), "diffuse")
         for w in LOCAL_WIDTHS
     ]
     out += [
@@ -703,14 +699,14 @@ def _builtins() -> list[Template]:
             f"decay-{rate:g}",
             f"geometric in distance, rate {rate:g} per token",
             decay(rate),
-            "position",
+            "diffuse",
             family="decay",
             param=rate,
         )
         for rate in DECAY_RATES
     ]
     out += [
-        Template("broad", "uniform over every visible key", broad, "position"),
+        Template("broad", "uniform over every visible key", broad, "diffuse"),
         Template("same-token", "earlier occurrences of the query's token", same_token, "token"),
         Template(
             "induction", "the token after each earlier occurrence of the query's token", induction, "token"
