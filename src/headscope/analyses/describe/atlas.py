@@ -522,3 +522,62 @@ def json_schema() -> dict[str, Any]:
             "notes": {"type": "array", "items": {"type": "string"}},
         },
     }
+
+
+def mixture(head: dict[str, Any], class_share: dict[str, float] | None = None) -> dict[str, float]:
+    """A head's description as one weight per template name, its query classes averaged by how
+    often each class occurs (equally when ``class_share`` is not given)."""
+    classes = {c["query_class"] for c in head["components"]}
+    out: dict[str, float] = {}
+    for c in head["components"]:
+        if c["query_class"] == "all":
+            share = 1.0
+        elif class_share:
+            share = class_share.get(c["query_class"], 0.0)
+        else:
+            share = 1.0 / len(classes)
+        out[c["name"]] = out.get(c["name"], 0.0) + share * c["weight"]
+    return out
+
+
+def compare_atlases(a: Atlas, b: Atlas, threshold: float = 0.25) -> list[dict[str, Any]]:
+    """The heads whose description changed from ``a`` to ``b``: another dominant template, or
+    mixtures at least ``threshold`` apart in total variation (½ Σ |w_a − w_b| over templates).
+    Atlases of different layouts are refused."""
+    from headscope.errors import InputError
+
+    shape_a = (a.layout.get("layers"), a.layout.get("heads"))
+    shape_b = (b.layout.get("layers"), b.layout.get("heads"))
+    if shape_a != shape_b:
+        raise InputError(
+            f"the atlases have different layouts: {shape_a[0]} layers x {shape_a[1]} heads against "
+            f"{shape_b[0]} x {shape_b[1]}",
+            hint="compare checkpoints or fine-tunes of one architecture",
+        )
+
+    def shares(atlas: Atlas) -> dict[str, float]:
+        counts = atlas.fit.get("query_classes") or {}
+        total = sum(counts.values()) or 1
+        return {k: v / total for k, v in counts.items()}
+
+    share_a, share_b = shares(a), shares(b)
+    changed = []
+    for head_a in a.heads:
+        head_b = b.head(head_a["layer"], head_a["head"])
+        mix_a, mix_b = mixture(head_a, share_a), mixture(head_b, share_b)
+        distance = 0.5 * sum(abs(mix_a.get(t, 0.0) - mix_b.get(t, 0.0)) for t in set(mix_a) | set(mix_b))
+        if head_a["dominant"] != head_b["dominant"] or distance >= threshold:
+            changed.append(
+                {
+                    "layer": head_a["layer"],
+                    "head": head_a["head"],
+                    "dominant_a": head_a["dominant"],
+                    "dominant_b": head_b["dominant"],
+                    "distance": round(distance, 4),
+                    "explained_a": head_a["explained"]["value"],
+                    "explained_b": head_b["explained"]["value"],
+                    "description_a": describe_components(head_a["components"]),
+                    "description_b": describe_components(head_b["components"]),
+                }
+            )
+    return sorted(changed, key=lambda row: -row["distance"])
