@@ -326,3 +326,14 @@ def test_scan_without_an_atlas_adds_no_section():
 
     assert get("scan").html_section(_ScanResult(None)) is None
     assert render(make_data(), []) == render(make_data())
+
+
+def test_a_saved_atlas_entry_that_does_not_fit_gets_no_card_and_the_page_says_so():
+    from headscope.analyses.protocol import get
+
+    broken = {**_ATLAS_HEAD, "head": 1, "explained": None}
+    section = get("scan").html_section(_ScanResult({"heads": [_ATLAS_HEAD, broken, "x"]}))
+    page = render(make_data(), [section])
+    assert re.findall(r'<template data-head-card="(\d+,\d+)">', page) == ["1,0"]
+    note = re.search(r'<p class="notes" data-testid="head-cards-unfit">(.*?)</p>', page).group(1)
+    assert "2 of the saved atlas' head entries" in note and "heads[1]" in note and "heads[2]" in note

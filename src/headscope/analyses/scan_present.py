@@ -20,21 +20,33 @@ CARD_CSS = """/* describe cards in the head panel (scan reports with an atlas) *
 
 def head_cards(atlas: Any) -> str | None:
     """A hidden block of one ``<template data-head-card="layer,head">`` per described head (the
-    report's head panel shows the one of the head it opens); None without an atlas."""
+    report's head panel shows the one of the head it opens); None without an atlas. An entry of a
+    saved atlas that does not fit a card (a file edited by hand) gets none, and the page says so."""
     if atlas is None:
         return None
     # describe's own card (describe/present.py is another module's: its private _card, used as is)
     from .describe.present import _card as head_card
 
-    heads = atlas.get("heads") if isinstance(atlas, dict) else atlas.heads
-    if not heads:
+    heads = atlas.get("heads") if isinstance(atlas, dict) else getattr(atlas, "heads", None)
+    if not isinstance(heads, list) or not heads:
         return None
-    templates = "".join(
-        f'<template data-head-card="{int(h["layer"])},{int(h["head"])}">{head_card(h)}</template>'
-        for h in heads
-    )
+    templates, unfit = [], []
+    for index, head in enumerate(heads):
+        try:
+            key = f"{int(head['layer'])},{int(head['head'])}"
+            templates.append(f'<template data-head-card="{key}">{head_card(head)}</template>')
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+            unfit.append(f"heads[{index}] ({type(exc).__name__}: {exc})")
+    note = ""
+    if unfit:
+        shown = "; ".join(unfit[:3]) + (f"; and {len(unfit) - 3} more" if len(unfit) > 3 else "")
+        note = (
+            f'<p class="notes" data-testid="head-cards-unfit">describe cards: {len(unfit)} of the '
+            f"saved atlas' head entries do not fit a card, and their heads' panels show none: "
+            f"{html_text(shown)}</p>\n"
+        )
     return (
-        f"<style>\n{CARD_CSS}</style>\n"
+        f"<style>\n{CARD_CSS}</style>\n{note}"
         f'<div id="head-cards" hidden data-testid="head-cards" aria-hidden="true" '
-        f'title="{html_text("describe cards")}">{templates}</div>\n'
+        f'title="{html_text("describe cards")}">{"".join(templates)}</div>\n'
     )
