@@ -152,6 +152,17 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_scan(smollm2):
+    """One full scan of SmolLM2 (every detector, IOI with path patching, the short retrieval sweep,
+    the weight-only roles; 200 resamples), run once and read by every test that checks a part of
+    it: the scan itself, the IOI circuit, the copying and suppression heads. The suite's budget
+    has room for one scan of the real model, not one per test."""
+    from headscope import analyses
+
+    return analyses.scan(smollm2, n_resamples=200)
+
+
+@pytest.fixture(scope="session")
 def gemma3():
     from headscope.models import load
 

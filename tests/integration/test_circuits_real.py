@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from headscope.analyses import top_heads
-from headscope.analyses.ioi import ioi, verify_ioi
+from headscope.analyses.ioi import verify_ioi
 from headscope.analyses.retrieval import ablate_retrieval, retrieval
-from headscope.data.circuits import load_haystack, load_ioi, load_retrieval
+from headscope.data.circuits import load_haystack, load_retrieval
 from headscope.data.prompts import builtin
 
 pytestmark = pytest.mark.slow
@@ -47,17 +47,19 @@ def test_smollm2_finds_needles_at_800_tokens_and_its_retrieval_heads_carry_them(
 
 
 @pytest.fixture(scope="module")
-def ioi_en(smollm2):
-    return ioi(smollm2, load_ioi(builtin("ioi/en.yaml")), n_resamples=500)
+def ioi_en(smollm2_scan):
+    """The English IOI part of the shared SmolLM2 scan: ``ioi`` on the shipped ioi/en.yaml with
+    S-inhibition path patching, as the scan runs it (200 resamples). Its rows, and the outcome."""
+    table = smollm2_scan.table
+    return table[table.data == "ioi-en"], smollm2_scan.outcomes["ioi-en"]
 
 
 def test_smollm2_solves_ioi_with_name_movers_negative_name_movers_and_s_inhibition(smollm2, ioi_en):
-    report, outcome, _ = ioi_en
+    table, outcome = ioi_en
     assert outcome.n >= 150
     assert outcome.single_token_names == outcome.names  # the shipped English names are one token
     assert outcome.accuracy >= 0.9
     assert 3.0 < outcome.logit_diff < 8.0  # about 5.2 nats in the reference
-    table = report.table
     movers = table[table.role == "nm"]
     negative = table[table.role == "neg"]
     assert len(movers) >= 2 and len(negative) >= 1, table[table.role != ""]
@@ -69,16 +71,16 @@ def test_smollm2_solves_ioi_with_name_movers_negative_name_movers_and_s_inhibiti
     for row in movers.itertuples():
         at = attention.loc[(row.layer, row.head)]
         assert at.io > at.s1 + at.s2
-    assert movers.layer.min() >= report.layout.n_layers // 2
+    assert movers.layer.min() >= smollm2.layout.n_layers // 2
     # S-inhibition heads were found by path patching, in layers before the name movers.
     inhibition = table[table.role == "sinh"]
     assert len(inhibition) >= 1
     assert (inhibition.layer < movers.layer.max()).all()
 
 
-def test_ablating_the_name_movers_is_reported_against_random_same_layer_heads(smollm2, ioi_en):
-    report, outcome, _ = ioi_en
-    check = verify_ioi(smollm2, report, "ioi-en", draws=1)
+def test_ablating_the_name_movers_is_reported_against_random_same_layer_heads(smollm2, smollm2_scan, ioi_en):
+    _, outcome = ioi_en
+    check = verify_ioi(smollm2, smollm2_scan, "ioi-en", draws=1)
     assert check is not None
     assert abs(check.clean - outcome.logit_diff) < 1e-3  # the clean run is the scored one
     assert check.ablated < check.clean  # removing the name movers costs logit difference

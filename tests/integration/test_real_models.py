@@ -12,11 +12,11 @@ from headscope.verdicts.results import CSV_COLUMNS
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_scan_every_head_every_detector(smollm2):
+def test_smollm2_scan_every_head_every_detector(smollm2, smollm2_scan):
     layout = smollm2.layout
     assert (layout.n_layers, layout.n_heads, layout.n_kv_heads) == (30, 9, 3)
     assert smollm2.is_causal and smollm2.capture_mode == "stream"
-    report = analyses.scan(smollm2, n_resamples=200)
+    report = smollm2_scan  # analyses.scan(smollm2, n_resamples=200), shared with other tests
     table = report.table
     assert list(table.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
     assert table_csv(table).splitlines()[0] == ",".join(CSV_COLUMNS)
@@ -89,16 +89,6 @@ def test_minilm_encoder_scan(minilm):
     # MHA: every one of the 12 heads has its own KV head.
     assert table.kv_group.tolist() == [repeat_kv_order(12, 12)[h] for h in table["head"]]
     assert report.loss is None
-
-
-def test_a_gguf_path_loads_like_the_alias():
-    from headscope.models import bundled_path, load
-
-    gguf = bundled_path("smollm2-135m")
-    loaded = load(str(gguf))
-    assert loaded.name == gguf.name
-    assert (loaded.layout.n_layers, loaded.layout.n_heads, loaded.layout.n_kv_heads) == (30, 9, 3)
-    assert loaded.layout.max_positions == 8192
 
 
 def test_smollm2_top5_induction_ablation_beats_random_control(smollm2):

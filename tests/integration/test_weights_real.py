@@ -25,8 +25,10 @@ def _top(report, relation: str, data: str = "vocab"):
     return rows.sort_values("score", ascending=False)
 
 
-def test_smollm2_copying_and_suppression_heads(smollm2):
-    report = weights(smollm2, n_resamples=1000)  # the defaults: 2,000 tokens, k = 5, mlp0
+def test_smollm2_copying_and_suppression_heads(smollm2_scan):
+    # The weight-only part of the shared SmolLM2 scan: weights() with its defaults (2,000 tokens,
+    # k = 5, mlp0), bootstrapped by the scan (200 resamples). Gemma 3 below calls weights() itself.
+    report = smollm2_scan
     _check_shares(report)
     outcome = report.outcomes["vocab"]
     assert outcome.tokens == 2000 and outcome.embedding == "mlp0"
