@@ -1,14 +1,13 @@
-"""Slow: streaming equals eager on both bundled models; the GGUF cache is reused and invalidated."""
+"""Slow: streaming equals eager on both bundled models, batched equals unbatched, small query chunks
+equal one chunk. (The GGUF cache: test_gguf_cache.py.)"""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
 from headscope import analyses
 from headscope.data.prompts import builtin
-from headscope.models import bundled_path, load
+from headscope.models import load
 
 pytestmark = pytest.mark.slow
 
@@ -31,27 +30,6 @@ def test_batched_equals_unbatched_on_minilm(minilm):
     one = analyses.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=1, n_resamples=0).table
     many = analyses.scan(minilm, detector_names=TOKEN_LEVEL, batch_size=16, n_resamples=0).table
     assert (one.score - many.score).abs().max() < 1e-5
-
-
-def test_gguf_cache_is_reused_and_invalidated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "model.gguf"
-    shutil.copyfile(bundled_path("smollm2-135m"), gguf)
-    first = load(str(gguf))
-    assert "dequantized cache" not in first.source
-    entries = list((tmp_path / "cache" / "gguf").iterdir())
-    assert len(entries) == 1
-    second = load(str(gguf))
-    assert "dequantized cache" in second.source and str(entries[0]) in second.source
-    # Change one byte of the last tensor's data: same format, different content, new cache entry.
-    with gguf.open("r+b") as handle:
-        handle.seek(-1, 2)
-        last = handle.read(1)
-        handle.seek(-1, 2)
-        handle.write(bytes([last[0] ^ 0x01]))
-    third = load(str(gguf))
-    assert "dequantized cache" not in third.source
-    assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
 
 
 @pytest.mark.parametrize("alias", ["smollm2-135m", "minilm-l6"])

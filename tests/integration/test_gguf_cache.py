@@ -1,11 +1,14 @@
-"""Slow: the dequantized GGUF cache holds float32 whatever dtype wrote it; the chunked Gemma 3 alias."""
+"""Slow: the dequantized GGUF cache holds float32 whatever dtype wrote it, is reused and invalidated;
+a .gguf path loads like its alias; the chunked Gemma 3 alias."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
 
-from headscope.models import cache_root, gguf_cache_is_valid, load
+from headscope.models import bundled_path, cache_root, gguf_cache_is_valid, load
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +18,12 @@ def weights(loaded) -> dict[str, torch.Tensor]:  # noqa: ANN001
 
 
 def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatch):
-    """A cold bf16 run, then a float32 run from its cache, equals a cold float32 run, bit for bit."""
+    """A cold bf16 run, then a float32 run from its cache, equals a cold float32 run, bit for bit.
+
+    The cold float32 run reads a copy of the bundled GGUF, so it also shows that a .gguf path loads
+    like the alias, that a second load of it comes from the cache, and that changing one byte of the
+    file makes a new cache entry. (Each cold run dequantizes 135M weights: one test pays for three.)
+    """
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "first"))
     cold_bf16 = load("smollm2-135m", dtype="bfloat16")
     assert "dequantized cache" not in cold_bf16.source
@@ -31,7 +39,17 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
     warm_bf16 = weights(load("smollm2-135m", dtype="bfloat16"))
 
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "second"))
-    cold = weights(load("smollm2-135m", dtype="float32"))
+    bundled = bundled_path("smollm2-135m")
+    gguf = tmp_path / "copy" / bundled.name
+    gguf.parent.mkdir()
+    shutil.copyfile(bundled, gguf)
+    cold_loaded = load(str(gguf), dtype="float32")
+    assert "dequantized cache" not in cold_loaded.source
+    assert cold_loaded.name == gguf.name
+    layout = cold_loaded.layout
+    assert (layout.n_layers, layout.n_heads, layout.n_kv_heads, layout.max_positions) == (30, 9, 3, 8192)
+    cold = weights(cold_loaded)
+    del cold_loaded
     assert cold.keys() == warm_weights.keys() == bf16.keys() == warm_bf16.keys()
     for name, tensor in cold.items():
         assert tensor.dtype == warm_weights[name].dtype == torch.float32
@@ -39,6 +57,22 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
         # A bf16 run sees the float32 weights rounded, cold or warm alike.
         assert torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
         assert torch.equal(warm_bf16[name], bf16[name]), name
+    del bf16, warm_bf16, warm_weights
+
+    entries = list((tmp_path / "second" / "gguf").iterdir())
+    assert len(entries) == 1
+    again = load(str(gguf))
+    assert "dequantized cache" in again.source and str(entries[0]) in again.source
+    del again
+    # Change one byte of the last tensor's data: same format, different content, new cache entry.
+    with gguf.open("r+b") as handle:
+        handle.seek(-1, 2)
+        last = handle.read(1)
+        handle.seek(-1, 2)
+        handle.write(bytes([last[0] ^ 0x01]))
+    changed = load(str(gguf))
+    assert "dequantized cache" not in changed.source
+    assert len(list((tmp_path / "second" / "gguf").iterdir())) == 2
 
 
 def test_gemma3_270m_loads_from_its_four_chunk_wheels(gemma3):
