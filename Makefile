@@ -73,9 +73,14 @@ browser:
 quick: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(QUICK_WORKERS) --durations=15
 
-# Everything: lint, the docs build, then every test (real models, browser, Ray, docs outputs).
+# Everything: lint, the docs build, then every test (real models, browser, Ray, docs outputs): the
+# tests that load no real model on every core, as `make quick` runs them (docs-check has just built
+# the site, so its test is not run twice), then the slow ones in one process, where each bundled
+# model loads once and the shared SmolLM2 scan runs once (tests/conftest.py).
 test: lint docs-check browser
-	$(BIN)/python -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(QUICK_WORKERS) --durations=15 \
+		--deselect tests/docs/test_docs_current.py::test_mkdocs_build_strict
+	$(BIN)/python -m pytest -q -m slow --durations=15
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache
