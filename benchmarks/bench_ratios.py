@@ -19,6 +19,8 @@ The analyses, at length L:
 - retrieval: ``hs.retrieval`` at context L, depth 0.5, 2 needles.
 - kv-plan: ``hs.kv_plan`` at context L, method retrieval, sparsity 0.5, 2 needles, 1 text chunk.
 - icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
+- describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split (its fit and evaluation
+  passes read every row: the template statistics need whole rows).
 - ioi: ``hs.ioi`` without patching, on its shipped prompts (their own length, once).
 
 Quote the ratios, not the seconds: these machines differ 3-4× in speed.
@@ -120,6 +122,8 @@ def analyses_at(length: int) -> dict:
             draws=1,
             resamples=0,
         ),
+        # Both passes (fit and evaluation) over 4 windows of shipped text each.
+        "describe": lambda m, t: hs.describe(m, t, context=min(length, 1024), windows=4, resamples=0),
         "icl (loss curve)": lambda m, t: hs.icl(
             m, t, context=length, early=min(50, late - 1), late=late, tasks="none", fv=False, resamples=0
         ),

@@ -45,6 +45,7 @@ class TemplateMaps:
         self.texts = texts
         self._targets: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._raw: tuple[Any, torch.Tensor] | None = None
+        self._by_query: tuple[torch.Tensor, torch.Tensor] | None = None
         self._normed: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
 
     def targets(self, example: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -93,7 +94,15 @@ class TemplateMaps:
         total = masked.sum(-1, keepdim=True)
         normed = torch.where(total > 0, masked / total.clamp(min=1e-30), masked)
         self._normed.append((visible.clone(), total, normed))
+        self._by_query = None
         return normed, len(self._normed) - 1, True
+
+    def by_query(self, normed: torch.Tensor) -> torch.Tensor:
+        """``normed`` laid out ``[B, c, K', templates]`` (contiguous), for one matmul per query row;
+        kept for the layers that share the mask."""
+        if self._by_query is None or self._by_query[0] is not normed:
+            self._by_query = (normed, normed.permute(1, 2, 3, 0).contiguous())
+        return self._by_query[1]
 
 
 def query_classes(batch: Batch, texts: Sequence[Text], q_start: int, stop: int) -> torch.Tensor:
@@ -134,7 +143,7 @@ class FitStats:
         onehot = torch.nn.functional.one_hot(classes.clamp(min=0), N_CLASSES).double()
         onehot = onehot * (classes >= 0)[..., None].double()  # [B, c, C]
         a = attn.float()
-        b = torch.einsum("bhqk,tbqk->bqht", a, probs).double()
+        b = torch.matmul(a.transpose(1, 2), self.maps.by_query(probs)).double()  # [B, c, H, T]
         self.b[layer] += torch.einsum("bqc,bqht->cht", onehot, b)
         self.sq[layer] += torch.einsum("bqc,bhq->ch", onehot, a.pow(2).sum(-1).double())
         key = (id(batch), q_start, which)
@@ -192,47 +201,41 @@ def objective(gram: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> torch.Ten
 
 
 def greedy(gram: torch.Tensor, b: torch.Tensor, usable: torch.Tensor, max_templates: int) -> torch.Tensor:
-    """Forward selection: ``gram [N, T, T]``, ``b [N, T]`` -> weights ``[N, T]`` with at most
-    ``max_templates`` non-zero, each step adding the template that lowers the error most.
-    ``usable [T]`` marks templates with a target somewhere."""
+    """Forward selection (matching pursuit): ``gram [N, T, T]``, ``b [N, T]`` -> weights ``[N, T]``
+    with at most ``max_templates`` non-zero. Each step adds the template whose one-dimensional step
+    along the residual lowers the squared error most (``max(b − G w, 0)_t² / G_tt``), then refits
+    the chosen ones under ``w ≥ 0, Σ w ≤ 1``. ``usable [T]`` marks templates with a target somewhere."""
     n, n_t = b.shape
+    diagonal = torch.diagonal(gram, dim1=-2, dim2=-1)
+    open_ = usable[None, :].expand(n, n_t) & (diagonal > 1e-12)
+    weights = torch.zeros(n, n_t, dtype=b.dtype)
     chosen = torch.zeros(n, 0, dtype=torch.long)
-    best_w = torch.zeros(n, 0, dtype=b.dtype)
-    current = torch.zeros(n, dtype=b.dtype)
-    candidates = torch.nonzero(usable).flatten()
-    for _ in range(min(max_templates, len(candidates))):
-        m = len(candidates)
-        sets = torch.cat(
-            [chosen[:, None, :].expand(n, m, chosen.shape[1]), candidates[None, :, None].expand(n, m, 1)], -1
-        )
-        rows = torch.arange(n)[:, None, None, None]
-        sub_gram = gram[rows, sets[..., :, None], sets[..., None, :]]  # [N, m, s, s]
-        sub_b = b[torch.arange(n)[:, None, None], sets]  # [N, m, s]
-        w = solve(sub_gram, sub_b, iterations=150)
-        value = objective(sub_gram, sub_b, w)
-        taken = (chosen[:, None, :] == candidates[None, :, None]).any(-1)
-        value = value.masked_fill(taken, float("inf"))
-        pick = value.argmin(-1)
-        improved = value[torch.arange(n), pick] < current - 1e-12
-        if not improved.any():
+    rows = torch.arange(n)
+    for _ in range(max_templates):
+        residual = b - torch.einsum("nij,nj->ni", gram, weights)
+        gain = residual.clamp(min=0).pow(2) / diagonal.clamp(min=1e-12)
+        gain = gain.masked_fill(~open_, -1.0)
+        pick = gain.argmax(-1)
+        useful = gain[rows, pick] > 1e-12
+        if not useful.any():
             break
-        new_sets = sets[torch.arange(n), pick]
-        new_w = w[torch.arange(n), pick]
-        # A head that stops improving keeps its set (padded with a duplicate at weight 0).
-        keep_sets = torch.cat([chosen, chosen[:, :1] if chosen.shape[1] else new_sets[:, -1:]], -1)
-        keep_w = torch.cat([best_w, torch.zeros(n, 1, dtype=b.dtype)], -1)
-        chosen = torch.where(improved[:, None], new_sets, keep_sets)
-        best_w = torch.where(improved[:, None], new_w, keep_w)
-        current = torch.where(improved, value[torch.arange(n), pick], current)
-    out = torch.zeros(n, n_t, dtype=b.dtype)
-    if chosen.shape[1]:
-        sub_gram = gram[torch.arange(n)[:, None, None], chosen[:, :, None], chosen[:, None, :]]
-        sub_b = b[torch.arange(n)[:, None], chosen]
-        refined = solve(sub_gram, sub_b, iterations=600)
-        better = objective(sub_gram, sub_b, refined) <= objective(sub_gram, sub_b, best_w)
-        final = torch.where(better[:, None], refined, best_w)
-        out.scatter_add_(1, chosen, final)
-    return out
+        # A head with nothing left to gain repeats a template it has (its weight does not change).
+        repeat = chosen[:, 0] if chosen.shape[1] else pick
+        pick = torch.where(useful, pick, repeat)
+        open_ = open_.clone()
+        open_[rows, pick] = False
+        chosen = torch.cat([chosen, pick[:, None]], -1)
+        sub_gram = gram[rows[:, None, None], chosen[:, :, None], chosen[:, None, :]]
+        sub_b = b[rows[:, None], chosen]
+        first = torch.ones(chosen.shape, dtype=torch.bool)
+        for k in range(1, chosen.shape[1]):  # a repeated template counts once
+            first[:, k] = ~(chosen[:, :k] == chosen[:, k : k + 1]).any(-1)
+        sub_gram = sub_gram * (first[:, :, None] & first[:, None, :])
+        sub_gram = sub_gram + torch.diag_embed((~first).to(b.dtype))
+        sub_b = sub_b * first
+        found = solve(sub_gram, sub_b, iterations=400) * first
+        weights = torch.zeros(n, n_t, dtype=b.dtype).scatter_add_(1, chosen, found)
+    return weights
 
 
 def tidy(weights: torch.Tensor, floor: float = 0.02) -> torch.Tensor:
@@ -340,9 +343,10 @@ class EvalStats:
         real = (classes >= 0).double()  # [B, c]
         a = attn.float()
         w = self._w[layer].permute(1, 0, 2)[classes.clamp(min=0)]  # [B, c, H, T]
-        predicted = torch.einsum("bqht,tbqk->bhqk", w, probs)
+        by_query = self.maps.by_query(probs)  # [B, c, K', T]
+        predicted = torch.matmul(w, by_query.transpose(-1, -2)).transpose(1, 2)  # [B, H, c, K']
         overlap = torch.minimum(a, predicted)
-        plain = torch.einsum("ht,tbqk->bhqk", self._w_plain[layer], probs)
+        plain = torch.matmul(by_query, self._w_plain[layer].T).permute(0, 3, 1, 2)  # [B, H, c, K']
         rows = batch.example_index
 
         def add(target: torch.Tensor, per_query: torch.Tensor) -> None:
