@@ -21,8 +21,9 @@ PACKAGE = SRC / "headscope"
 # layer, and never another group of its own layer.
 LAYERS: list[tuple[int, list[str]]] = [
     # The leaf: the package root (only for __version__), errors, file writing (which raises
-    # errors' OutputError), and the role spec (a plain record that detectors and weights, siblings,
-    # both declare their roles with). One group, so files may import errors.
+    # errors' OutputError), the role spec (a plain record that detectors and weights, siblings,
+    # both declare their roles with) and the weight-only tables' specs (detectors check role labels
+    # against them). One group, so files may import errors.
     (0, ["leaf"]),
     (1, ["models", "data"]),
     # capture takes its model duck-typed; models decide the capture mode without importing it
@@ -42,6 +43,7 @@ LEAF_MODULES = {
     "headscope.files",
     "headscope.registry",
     "headscope.rolespec",
+    "headscope.weighttables",
 }
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.

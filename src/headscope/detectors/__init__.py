@@ -78,7 +78,7 @@ def label_owner(
     """Who already gives the role label ``label`` (a registered detector, a score's table, a
     weight-only role, an ``hs.detect`` pattern other than ``pattern``), or None: a label names one
     role, and the role map and the legends look roles up by it."""
-    from headscope.weightroles import summaries as weights_tables
+    from headscope import weighttables as weights_tables
 
     if registered is None:
         registered = dict(REGISTRY)
@@ -107,7 +107,7 @@ def reserved_detector_name(name: str) -> str | None:
         return f"{name!r} names the tables of the {SCORES[name].summary!r} score"
     if name in PATTERNS:
         return f"{name!r} names an hs.detect pattern of this session"
-    from headscope.weightroles import summaries as weights_tables
+    from headscope import weighttables as weights_tables
 
     if name in weights_tables.ROLES:
         return f"{name!r} names the scan's weight-only {name} table"
