@@ -19,12 +19,15 @@ __version__ = "0.1.0"
 # __init__.pyi gives editors every keyword (tests/unit/test_api_stub.py).
 _API = (
     "Analysis",
+    "Check",
     "Detector",
     "Outcome",
+    "Output",
     "PatternDetector",
     "RoleSpec",
     "Stats",
     "TargetDetector",
+    "Template",
     "compare",
     "load",
     "option",

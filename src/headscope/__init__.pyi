@@ -7,8 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headscope.analyses.checks import Check as Check
+from headscope.analyses.describe.templates import Template as Template
 from headscope.analyses.protocol import Analysis as Analysis
 from headscope.analyses.protocol import Outcome as Outcome
+from headscope.analyses.protocol import Output as Output
 from headscope.analyses.protocol import Stats as Stats
 from headscope.analyses.protocol import option as option
 from headscope.api import compare as compare
@@ -312,15 +315,18 @@ def describe(
 
 __all__ = [
     "Analysis",
+    "Check",
     "Detector",
     "HeadscopeError",
     "InputError",
     "Outcome",
+    "Output",
     "PatternDetector",
     "Result",
     "RoleSpec",
     "Stats",
     "TargetDetector",
+    "Template",
     "__version__",
     "compare",
     "coref",

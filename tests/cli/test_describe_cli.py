@@ -152,3 +152,45 @@ def test_a_sweep_records_the_explained_share_by_step(toy_dir, tmp_path):
     assert {"explained_off_first", "dominant_sink"} <= set(losses.columns)
     # The same weights at both steps: the same description and share.
     assert losses["explained"].iloc[0] == pytest.approx(losses["explained"].iloc[1])
+
+
+def test_compare_lists_heads_whose_description_changed(toy, toy_texts, tmp_path):
+    import headscope as hs
+
+    common = {"eval_text": toy_texts, "context": 32, "windows": 2, "resamples": 0}
+    one = hs.describe(toy, max_templates=1, **common)
+    four = hs.describe(toy, max_templates=4, **common)
+    same = hs.compare(one, one)
+    assert same.descriptions == []
+    changed = hs.compare(one, four)
+    assert changed.descriptions, "one template against four: some head's mixture moves"
+    for row in changed.descriptions:
+        assert row["dominant_a"] != row["dominant_b"] or row["distance"] >= 0.25
+    # The same from the command line, on the saved JSON.
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    one.to_json(a)
+    four.to_json(b)
+    result = invoke("compare", a, b)
+    assert result.exit_code == 0, result.output
+    assert f"{len(changed.descriptions)} heads changed their description" in result.output
+
+
+def test_a_registered_template_joins_the_library(toy, toy_texts):
+    import numpy as np
+
+    import headscope as hs
+    from headscope.analyses.describe.templates import TEMPLATES
+
+    def two_back(text):
+        queries = np.arange(2, len(text))
+        return queries, queries - 2, np.ones(len(queries))
+
+    hs.register(hs.Template("two-back-mine", "the token two before, again", two_back, "offset"))
+    try:
+        result = hs.describe(
+            toy, eval_text=toy_texts, context=32, windows=2, resamples=0, templates="two-back-mine,sink"
+        )
+        names = {c["name"] for h in result.atlas.heads for c in h["components"]}
+        assert names <= {"two-back-mine", "sink"} and "two-back-mine" in names
+    finally:
+        TEMPLATES.unregister("two-back-mine")

@@ -26,7 +26,19 @@ from typing import Any
 
 import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
 from headscope.analyses.base import ProgressFactory
-from headscope.analyses.protocol import ANALYSES, Analysis, Outcome, Stats, execute, flag_of, get, option
+from headscope.analyses.checks import Check
+from headscope.analyses.describe.templates import Template
+from headscope.analyses.protocol import (
+    ANALYSES,
+    Analysis,
+    Outcome,
+    Output,
+    Stats,
+    execute,
+    flag_of,
+    get,
+    option,
+)
 from headscope.api.result import AttentionMap, Result
 from headscope.detectors import Detector, PatternDetector, TargetDetector
 from headscope.errors import InputError
@@ -239,17 +251,21 @@ def __getattr__(name: str) -> Any:
 
 
 def register(declaration: Any) -> Any:
-    """Add a detector or an analysis for this process, as a plugin would: a
+    """Add a detector, an analysis or a template for this process, as a plugin would: a
     :class:`headscope.TargetDetector` (or a ``Detector`` subclass) joins the scan, the role map, the
-    legends and the reports; an ``Analysis`` subclass gets ``hs.<name>`` and ``hs.run``. A name that a
+    legends and the reports; an ``Analysis`` subclass gets ``hs.<name>`` and ``hs.run``; an
+    ``hs.Template`` joins the library ``hs.describe`` describes heads with. A name that a
     built-in or a plugin holds is refused, as are the names of headscope's own functions and
     commands for an analysis (``compare``, ``sweep``, …) and a role label that any other role
     already has; registering a name again replaces your earlier one. Safe to call from threads.
     Returns the declaration (so it works as a class decorator)."""
     from headscope import detectors
+    from headscope.analyses.describe.templates import TEMPLATES, Template
     from headscope.analyses.protocol import Analysis
 
-    if isinstance(declaration, detectors.Detector) or (
+    if isinstance(declaration, Template):
+        TEMPLATES.register(declaration)
+    elif isinstance(declaration, detectors.Detector) or (
         isinstance(declaration, type) and issubclass(declaration, detectors.Detector)
     ):
         detectors.REGISTRY.register(declaration)
@@ -259,8 +275,9 @@ def register(declaration: Any) -> Any:
         ANALYSES.register(declaration)
     else:
         raise InputError(
-            f"hs.register takes a detector or an analysis, got {type(declaration).__name__}",
-            hint="hs.TargetDetector(...), a headscope.Detector subclass, or a headscope.Analysis subclass",
+            f"hs.register takes a detector, an analysis or a template, got {type(declaration).__name__}",
+            hint="hs.TargetDetector(...), a headscope.Detector subclass, a headscope.Analysis subclass, "
+            "or hs.Template(...)",
         )
     return declaration
 
@@ -304,14 +321,22 @@ def show(
 
 
 def compare(a: Any, b: Any) -> Any:
-    """Two results side by side (``headscope compare``): ``a`` and ``b`` are ``Result`` objects or
-    scan CSVs (a base model and its fine-tune, two checkpoints). Returns a ``Comparison``: ``tables``
+    """Two results side by side (``headscope compare``): ``a`` and ``b`` are ``Result`` objects, saved
+    result JSON files or scan CSVs (a base model and its fine-tune, two checkpoints). Where both
+    describe their heads (``hs.describe``, ``hs.scan``), ``descriptions`` lists the heads whose
+    description changed (another dominant template, or mixtures 0.25 apart in total variation). Returns a ``Comparison``: ``tables``
     (per table: best heads, mean change, Spearman's rank correlation, roles gained and lost),
     ``joined`` (one row per head: score_a, score_b, delta, roles, change) and ``notes`` (tables
     found in one result only). Heads are paired by layer and head number: results of different
     layouts, or with no table in common, are refused."""
+    from headscope.analyses.describe.atlas import compare_atlases
     from headscope.outputs.compare import compare as compare_frames
     from headscope.outputs.compare import read_scan_csv
+
+    if isinstance(a, str | os.PathLike) and str(a).endswith(".json"):
+        a = Result.from_json(a)
+    if isinstance(b, str | os.PathLike) and str(b).endswith(".json"):
+        b = Result.from_json(b)
 
     def frame(value: Any, label: str) -> Any:
         if isinstance(value, Result):
@@ -334,7 +359,15 @@ def compare(a: Any, b: Any) -> Any:
             f"compare: {label} must be a headscope Result or a scan CSV, got {type(value).__name__}"
         )
 
-    return compare_frames(frame(a, "a"), frame(b, "b"))
+    atlases = [value.atlas if isinstance(value, Result) else None for value in (a, b)]
+    found = compare_frames(frame(a, "a"), frame(b, "b"))
+    if atlases[0] is not None and atlases[1] is not None:
+        found.descriptions = compare_atlases(atlases[0], atlases[1])
+    elif any(atlas is not None for atlas in atlases):
+        found.notes.append(
+            "only one result describes its heads (describe's atlas): descriptions not compared"
+        )
+    return found
 
 
 def sweep(
@@ -384,13 +417,16 @@ def sweep(
 __all__ = [
     "Analysis",
     "AttentionMap",
+    "Check",
     "Detector",
     "Outcome",
+    "Output",
     "PatternDetector",
     "Result",
     "RoleSpec",
     "Stats",
     "TargetDetector",
+    "Template",
     "compare",
     "load",
     "option",

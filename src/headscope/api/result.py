@@ -146,6 +146,19 @@ class Result:
             return next((c.value for c in self._outcome.checks if isinstance(c.value, KVPlan)), None)
         return (self._saved or {}).get("kv_plan")
 
+    @property
+    def atlas(self) -> Any:
+        """Every head's description (``hs.describe``, and ``hs.scan``'s role map): an ``Atlas`` (``heads``,
+        ``explained``, ``to_json()``), live or read back from a saved result; None when the result has none."""
+        if self._outcome is not None:
+            return self._outcome.state.get("atlas")
+        saved = (self._saved or {}).get("atlas")
+        if saved is None:
+            return None
+        from headscope.analyses.describe.atlas import Atlas
+
+        return Atlas.from_json(saved)
+
     def tables(self) -> pd.DataFrame:
         """The (data, detector, relation, direction) groups of the table, one row each, with head counts."""
         table = self.table

@@ -26,8 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headscope.analyses.checks import Check as Check
+from headscope.analyses.describe.templates import Template as Template
 from headscope.analyses.protocol import Analysis as Analysis
 from headscope.analyses.protocol import Outcome as Outcome
+from headscope.analyses.protocol import Output as Output
 from headscope.analyses.protocol import Stats as Stats
 from headscope.analyses.protocol import option as option
 from headscope.api import compare as compare
@@ -53,7 +56,8 @@ def api_stub() -> str:
     """The stub: the shared names, then one typed function per built-in analysis."""
     parts = [HEADER]
     names = ["HeadscopeError", "InputError", "Result", "__version__"]
-    names += ["Analysis", "Detector", "Outcome", "PatternDetector", "RoleSpec", "Stats", "TargetDetector"]
+    names += ["Analysis", "Check", "Detector", "Outcome", "Output", "PatternDetector", "RoleSpec", "Stats"]
+    names += ["TargetDetector", "Template"]
     names += ["compare", "load", "option", "plan", "register", "run", "show", "sweep"]
     for name, analysis in ANALYSES.builtins().items():
         function = python_name(name)

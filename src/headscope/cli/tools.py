@@ -296,15 +296,19 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
 
 @command(app, "compare")
 def compare_cmd(
-    a: Annotated[Path, typer.Argument(help="Scan CSV of the first model or checkpoint (A).")],
-    b: Annotated[Path, typer.Argument(help="Scan CSV of the second (B).")],
+    a: Annotated[
+        Path,
+        typer.Argument(help="Scan CSV or result JSON (--format json) of the first model or checkpoint (A)."),
+    ],
+    b: Annotated[Path, typer.Argument(help="Scan CSV or result JSON of the second (B).")],
     *,
     csv: Annotated[
         Path | None, typer.Option("--csv", help="Write the joined per-head table (atomic).")
     ] = None,
     emit: Emit,
 ) -> None:
-    """Compare two scan CSVs: best heads, score changes of shared heads, roles gained and lost."""
+    """Compare two scans (CSV or JSON): best heads, score changes of shared heads, roles gained and lost,
+    and, where both describe their heads, the heads whose description changed."""
     with handle_errors(emit.debug):
         import headscope.api as hs
         from headscope.outputs import report

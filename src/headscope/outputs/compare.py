@@ -15,6 +15,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -188,6 +189,8 @@ class Comparison:
     only_a: int  # tables present in one scan only
     only_b: int
     notes: list[str] = field(default_factory=list)  # what was not compared, and why
+    # Heads whose description changed (both results carry describe's atlas), largest change first.
+    descriptions: list[dict[str, Any]] | None = None
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:

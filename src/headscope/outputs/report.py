@@ -438,6 +438,18 @@ def print_comparison(result: Any, console: Console) -> None:
     )
     for note in result.notes:  # the tables found in one result only, by name
         console.print(f"note: {note}")
+    if result.descriptions is not None:
+        console.print(
+            f"{len(result.descriptions)} heads changed their description (another dominant template, or "
+            "mixtures at least 0.25 apart in total variation)"
+        )
+        for row in result.descriptions:
+            console.print(
+                f"L{row['layer']}H{row['head']}: {row['dominant_a']} -> {row['dominant_b']} "
+                f"(distance {row['distance']:.2f}; explained {row['explained_a']:.2f} -> {row['explained_b']:.2f})",
+                markup=False,
+                highlight=False,
+            )
 
 
 def comparison_json(result: Any) -> dict[str, Any]:
@@ -448,6 +460,7 @@ def comparison_json(result: Any) -> dict[str, Any]:
         "tables": [dataclasses.asdict(t) for t in result.tables],
         "notes": list(result.notes),
         "rows": records(result.joined),
+        "descriptions": result.descriptions,
     }
 
 

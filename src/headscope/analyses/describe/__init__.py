@@ -264,12 +264,13 @@ class Describe(Analysis):
     def present(self, result: Any, console: Any, top: int) -> None:
         from .present import print_atlas
 
-        print_atlas(result.state["atlas"], console, top)
+        print_atlas(result.atlas, console, top)
 
     def html_section(self, result: Any) -> str | None:
-        from .present import atlas_html
+        from .present import STYLE, atlas_html
 
-        return atlas_html(result.state["atlas"])
+        atlas = result.atlas  # live, or read back from a saved result
+        return None if atlas is None else f"<style>{STYLE}</style>" + atlas_html(atlas)
 
 
 def describe_html(result: Any, path: Path, force: bool) -> str:

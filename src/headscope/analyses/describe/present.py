@@ -134,5 +134,5 @@ def page(atlas: Atlas) -> str:
 
 
 def write_html(result: Any, path: Path, force: bool) -> str:
-    files.write_atomic(path, page(result.state["atlas"]), "--html", force)
+    files.write_atomic(path, page(result.atlas), "--html", force)
     return str(path)

@@ -140,7 +140,8 @@ def windows(
     for source in sources:
         if not source.text.strip():
             continue
-        enc = tokenizer(source.text, add_special_tokens=False, return_offsets_mapping=True)
+        # The whole source at once (cut into windows below): no warning about the model's length.
+        enc = tokenizer(source.text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         ids = list(enc["input_ids"])
         offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
         spans = source.spans if source.spans is not None else words_of(source.text)
