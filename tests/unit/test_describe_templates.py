@@ -190,3 +190,12 @@ def test_a_causal_template_never_reaches_ahead(english):
 
     q, k, _ = template_targets(Template("ahead", "later keys dropped", ahead), english)
     assert k.tolist() == [1]
+
+
+def test_sep_is_the_encoders_last_special_token():
+    text = "Dogs bark."
+    ids, special, offsets = tokens_of(text, ["Dogs", " bark", "."])
+    ids, special, offsets = ids + [2], special + [True], offsets + [(0, 0)]  # ... [SEP]
+    found = make_text("encoder", ids, special, offsets, text, causal=False)
+    assert targets_at("sep", found, 1) == [4] and targets_at("sep", found, 3) == [4]
+    assert targets_at("sink", found, 2) == [0]

@@ -521,7 +521,9 @@ def _describe_without_roles(
 
     started = time.perf_counter()
     limit = loaded.max_positions
-    context = 256 if limit is None else max(16, min(256, limit - 2))
+    # Half the model's context at most: a tiny model's stated limit can be the position table's size,
+    # which some encoders (RoBERTa: positions start after the padding index) cannot fill.
+    context = 256 if limit is None else max(16, min(256, limit // 2))
     atlas, _ = describe_heads(
         loaded,
         sources[0],

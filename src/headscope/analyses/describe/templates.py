@@ -475,6 +475,15 @@ def sink(text: Text) -> Targets:
     return _pairs(list(q), [0] * len(q))
 
 
+def last_special(text: Text) -> Targets:
+    """The window's last special token ([SEP] in an encoder's window), from every query."""
+    specials = [i for i, special in enumerate(text.special) if special and i > 0]
+    if not specials:
+        return _pairs([], [])
+    q = _queries(text)
+    return _pairs(list(q), [specials[-1]] * len(q))
+
+
 def self_(text: Text) -> Targets:
     q = _queries(text)
     return _pairs(list(q), list(q))
@@ -684,6 +693,13 @@ def _builtins() -> list[Template]:
     out = [
         Template("sink", "the first token (key 0: BOS or CLS where the tokenizer adds one)", sink, "sink"),
         Template("self", "the query's own token", self_, "offset"),
+        Template(
+            "sep",
+            "the window's last special token ([SEP] after an encoder's text)",
+            last_special,
+            "sink",
+            encoder_only=True,
+        ),
     ]
     out += [Template(f"offset-{n}", f"the token {n} before the query", offset(n), "offset") for n in OFFSETS]
     out += [
