@@ -97,7 +97,11 @@ class IOIAttentionDetector(Detector):
                 self._target_sums[index, example, layer] += weights[:, positions].sum(-1).double().cpu()
                 open_ = visible[row, end - q_start, positions].to(torch.float64).sum()
                 self._target_base[index, example, layer] += float(open_) / float(counts[row, end - q_start])
-            if layer == 0:
+            # Counted on the first layer that arrives: a hybrid's layer 0 may have no attention
+            # (Jamba, Qwen3-Next), and "layer == 0" then counted nothing (n = 0 tables).
+            if self._counted_layer is None:
+                self._counted_layer = layer
+            if layer == self._counted_layer:
                 self._counts[example] += 1.0
 
     def results(self, data: str = "") -> list[DetectorResult]:

@@ -170,6 +170,10 @@ def _looks_at_io(table: pd.DataFrame, data: str, group: pd.DataFrame) -> np.ndar
     attention = table[(table.data == data) & (table.detector == "ioi") & (table.relation == "attention")]
     wide = attention.pivot_table(index=["layer", "head"], columns="direction", values="score")
     keys = list(zip(group["layer"], group["head"], strict=True))
+    if not {"io", "s1", "s2"} <= set(wide.columns):
+        # An attention table with nothing counted is left out (n = 0, said in a note): no head was
+        # seen looking at IO, so none qualifies as a name mover by attention.
+        return np.zeros(len(keys), dtype=bool)
     io = wide["io"].reindex(keys).to_numpy(float)
     s = (wide["s1"] + wide["s2"]).reindex(keys).to_numpy(float)
     return np.nan_to_num(io) > np.nan_to_num(s)
