@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from headscope import capture
 from headscope.capture.dla import HeadWrites, attention_layers
 from headscope.capture.stream import output_logits, prepared
 from headscope.data.icl import ICLPair, ICLTask, answer_ids, load_tasks
-from headscope.data.prompts import configs_dir, display_path
+from headscope.data.prompts import configs_dir, display_path, split_paragraphs
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, PromptSetError
 from headscope.models import LoadedModel, anatomy, projections
@@ -274,7 +273,7 @@ def read_texts(path: str | Path) -> list[str]:
         ) from None
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})", hint=takes) from None
-    texts = [p.strip() for p in re.split(r"\n\s*\n", raw.replace("\r\n", "\n")) if p.strip()]
+    texts = split_paragraphs(raw)
     if not texts:
         raise PromptSetError(f"{path}: no text", hint="texts are paragraphs separated by blank lines")
     return texts

@@ -14,6 +14,7 @@ know instead of ignoring them, so a typo never drops an annotation silently.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -146,6 +147,12 @@ def split_lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Paragraphs: the non-empty pieces between blank lines, stripped (the format of icl --text and
+    describe --eval-text)."""
+    return [p.strip() for p in re.split(r"\n\s*\n", text.replace("\r\n", "\n")) if p.strip()]
 
 
 def _read_text(path: Path) -> str:

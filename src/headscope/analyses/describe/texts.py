@@ -15,14 +15,13 @@ shipped ones.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headscope.data.conllu import read_conllu
-from headscope.data.prompts import _read_text, configs_dir, display_path, load_texts
+from headscope.data.prompts import _read_text, configs_dir, display_path, load_texts, split_paragraphs
 from headscope.errors import InputError, PromptSetError
 
 from .templates import Text, make_text, words_of
@@ -100,7 +99,7 @@ def paragraphs_of(path: str | Path) -> list[str]:
         raise InputError(
             exc.message, hint="give a UTF-8 text file: paragraphs separated by blank lines"
         ) from None
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", raw.replace("\r\n", "\n")) if p.strip()]
+    paragraphs = split_paragraphs(raw)
     if not paragraphs:
         raise InputError(f"{path}: no text", hint="paragraphs separated by blank lines")
     return paragraphs
