@@ -7,13 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headscope.analyses.checks import Check as Check
+from headscope.extend.checks import Check as Check
 from headscope.analyses.describe.templates import Template as Template
-from headscope.analyses.protocol import Analysis as Analysis
-from headscope.analyses.protocol import Outcome as Outcome
-from headscope.analyses.protocol import Output as Output
-from headscope.analyses.protocol import Stats as Stats
-from headscope.analyses.protocol import option as option
+from headscope.extend.protocol import Analysis as Analysis
+from headscope.extend.protocol import Outcome as Outcome
+from headscope.extend.protocol import Output as Output
+from headscope.extend.protocol import Stats as Stats
+from headscope.extend.protocol import option as option
 from headscope.api import compare as compare
 from headscope.api import load as load
 from headscope.api import plan as plan

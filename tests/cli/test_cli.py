@@ -323,7 +323,7 @@ def test_every_analysis_command_is_derived_from_the_registry():
     it declares (before the model loads, an output whose option is missing is refused)."""
     import typer.main
 
-    from headscope.analyses.protocol import ANALYSES
+    from headscope.extend.protocol import ANALYSES
 
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     for name, analysis in ANALYSES.items():

@@ -19,9 +19,9 @@ import torch
 from typer.testing import CliRunner
 
 import headscope as hs
-from headscope.analyses.protocol import ANALYSES, flag_of, get
 from headscope.cli import app
 from headscope.errors import InputError
+from headscope.extend.protocol import ANALYSES, flag_of, get
 from headscope.verdicts.results import CSV_COLUMNS
 from headscope.verdicts.roles import ROLES_CSV_COLUMNS
 

@@ -19,8 +19,8 @@ import torch
 from conftest import TOY_DIR, TOY_TEXTS
 
 import headscope as hs
-from headscope.analyses.protocol import ANALYSES
 from headscope.errors import HeadscopeError
+from headscope.extend.protocol import ANALYSES
 
 # Small options per analysis, so each runs (or is refused) in seconds on the toy.
 SMALL = {

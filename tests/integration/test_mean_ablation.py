@@ -8,7 +8,7 @@ import torch
 
 import headscope as hs
 from headscope import analyses, capture
-from headscope.analyses.ablation import ablate, later_copy_loss
+from headscope.extend.ablation import ablate, later_copy_loss
 
 SPEC = analyses.RepeatSpec(seq_len=16, n_seqs=10, seed=3)
 INDUCTION_HEADS = [(1, 0), (1, 1), (1, 2), (1, 3)]  # every layer-1 head of the toy induces

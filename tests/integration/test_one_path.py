@@ -1,4 +1,4 @@
-"""One run path: the API, the CLI and the sweep all go through ``analyses.protocol.execute``, so a
+"""One run path: the API, the CLI and the sweep all go through ``extend.protocol.execute``, so a
 model whose attention maps headscope cannot reproduce is refused the same way from each entry
 (before this, the sweep skipped the conformance check and failed later with another message)."""
 

@@ -92,7 +92,7 @@ def test_minilm_encoder_scan(minilm):
 
 
 def test_smollm2_top5_induction_ablation_beats_random_control(smollm2):
-    from headscope.analyses.ablation import ablate
+    from headscope.extend.ablation import ablate
     from headscope.verdicts.heads import top_heads
 
     spec = analyses.RepeatSpec(seq_len=50, n_seqs=8, seed=0)

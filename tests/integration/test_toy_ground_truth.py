@@ -50,7 +50,7 @@ def test_finds_the_previous_token_head(toy, toy_truth, toy_texts, toy_dir):
 
 def test_ablating_the_induction_heads_destroys_copying(toy, toy_truth):
     from headscope import capture
-    from headscope.analyses.ablation import later_copy_loss
+    from headscope.extend.ablation import later_copy_loss
 
     spec = analyses.RepeatSpec(seq_len=24, n_seqs=16, seed=9)
     sequences, specials, offset = analyses.repeated_tokens(toy, spec)

@@ -10,8 +10,8 @@ from conftest import ROOT
 
 import headscope
 from headscope import api
-from headscope.analyses.protocol import ANALYSES
 from headscope.api.stub import api_stub
+from headscope.extend.protocol import ANALYSES
 
 STUB = ROOT / "src" / "headscope" / "__init__.pyi"
 

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from headscope.analyses.show import word_spans
 from headscope.data.align import AlignmentError, encode_with_spans
 from headscope.data.circuits import load_ioi, load_retrieval
 from headscope.data.conllu import read_conllu
 from headscope.data.ordinal import load_ordinal
 from headscope.data.prompts import load_coref, load_texts
 from headscope.errors import HeadscopeError
+from headscope.extend.show import word_spans
 from headscope.models import bundled_path
 from headscope.outputs.compare import read_scan_csv
 

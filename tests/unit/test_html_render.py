@@ -303,7 +303,7 @@ class _ScanResult:
 
 
 def test_scan_puts_each_heads_describe_card_into_the_report():
-    from headscope.analyses.protocol import get
+    from headscope.extend.protocol import get
 
     section = get("scan").html_section(_ScanResult({"heads": [_ATLAS_HEAD]}))
     page = render(make_data(), [section])
@@ -322,14 +322,14 @@ def test_scan_puts_each_heads_describe_card_into_the_report():
 
 
 def test_scan_without_an_atlas_adds_no_section():
-    from headscope.analyses.protocol import get
+    from headscope.extend.protocol import get
 
     assert get("scan").html_section(_ScanResult(None)) is None
     assert render(make_data(), []) == render(make_data())
 
 
 def test_a_saved_atlas_entry_that_does_not_fit_gets_no_card_and_the_page_says_so():
-    from headscope.analyses.protocol import get
+    from headscope.extend.protocol import get
 
     broken = {**_ATLAS_HEAD, "head": 1, "explained": None}
     section = get("scan").html_section(_ScanResult({"heads": [_ATLAS_HEAD, broken, "x"]}))

@@ -31,11 +31,14 @@ LAYERS: list[tuple[int, list[str]]] = [
     (2, ["capture"]),
     (3, ["detectors", "weightroles"]),
     (4, ["verdicts"]),
-    (5, ["analyses"]),
-    (6, ["outputs", "sweeps"]),
+    # The extension API: what every analysis, built-in or plugin, is built from (protocol, options,
+    # checks, the ablation engine, shared inputs, rendering helpers). It knows no analysis.
+    (5, ["extend"]),
+    (6, ["analyses"]),
+    (7, ["outputs", "sweeps"]),
     # The public Python API: headscope.api (its functions) and headscope.api.result (Result).
-    (7, ["api"]),
-    (8, ["cli"]),
+    (8, ["api"]),
+    (9, ["cli"]),
 ]
 LEAF_MODULES = {
     "headscope",
@@ -132,7 +135,7 @@ def test_every_import_is_seen():
     source = (
         "from headscope import __version__, capture, scan\n"
         "from . import report\n"
-        "from ..analyses import base\n"
+        "from ..extend import base\n"
         "from .views import heatmap\n"
         "def f():\n"
         "    import headscope.sweeps.store\n"
@@ -143,7 +146,7 @@ def test_every_import_is_seen():
         (1, "headscope.api"),
         (1, "headscope.capture"),
         (2, "headscope.outputs.report"),
-        (3, "headscope.analyses.base"),
+        (3, "headscope.extend.base"),
         (4, "headscope.outputs.views"),
         (6, "headscope.sweeps.store"),
         (7, "headscope.cli"),
@@ -154,7 +157,7 @@ def test_every_import_is_seen():
     "modules",
     [
         "headscope.analyses, headscope.outputs.report",
-        "headscope.files, headscope.analyses.show, headscope.analyses.examples, headscope.outputs.views, "
+        "headscope.files, headscope.extend.show, headscope.extend.examples, headscope.outputs.views, "
         "headscope.outputs.report_data, headscope.sweeps.results, headscope.verdicts.heads",
     ],
 )
@@ -162,3 +165,17 @@ def test_the_core_imports_without_typer(modules):
     code = f"import sys, {modules}; assert 'typer' not in sys.modules, 'typer was imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_analyses_use_only_the_public_extension_api():
+    """A built-in analysis takes from ``headscope.extend`` only what a plugin can: no name that starts
+    with an underscore, and no private module."""
+    problems = []
+    for path in sorted((PACKAGE / "analyses").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headscope.extend"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private or any(part.startswith("_") for part in node.module.split(".")):
+                    where = path.relative_to(SRC.parent)
+                    problems.append(f"{where}:{node.lineno}: {node.module} {private}")
+    assert not problems, "analyses importing private names of headscope.extend:\n" + "\n".join(problems)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from headscope import analyses
-from headscope.analyses.examples import MAX_EXAMPLE_TOKENS, attention_examples
 from headscope.errors import InputError
+from headscope.extend.examples import MAX_EXAMPLE_TOKENS, attention_examples
 from headscope.outputs import report
 from headscope.outputs import report_data as data
 from headscope.sweeps.results import load_result

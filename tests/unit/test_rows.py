@@ -20,9 +20,9 @@ from test_dla import tiny_gemma
 
 import headscope as hs
 from headscope import capture
-from headscope.analyses.base import score_batches
 from headscope.capture import rows
 from headscope.detectors.base import Detector
+from headscope.extend.base import score_batches
 
 kv = kv_toy_module()
 

@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from headscope.analyses.show import parse_heads, split_marked, word_spans
 from headscope.errors import InputError
+from headscope.extend.show import parse_heads, split_marked, word_spans
 from headscope.outputs.compare import CompareInputError, compare, read_scan_csv
 from headscope.outputs.views import font_for
 

@@ -1,7 +1,7 @@
 """Analyses: run the model over a data set and call detectors and verdicts (scan, induction, syntax, coref, ablation)."""
 
 # Each analysis is one module (options, check, run, verify, JSON), and importing it registers it in
-# analyses.protocol.ANALYSES, which serves the API, the CLI and the sweep. They register in the order
+# extend.protocol.ANALYSES, which serves the API, the CLI and the sweep. They register in the order
 # of these imports, the order of the CLI's help and the docs: each module imports at its top only the
 # analyses before it (scan imports the others where it uses them).
 # isort: off
@@ -12,7 +12,8 @@ from headscope.analyses.coref import coref
 from headscope.analyses import retrieval, kvplan, ioi, weights, icl, detect, describe  # noqa: F401
 
 # isort: on
-from headscope.analyses.ablation import (
+from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS
+from headscope.extend.ablation import (
     AblationResult,
     Head,
     LossEstimate,
@@ -21,7 +22,7 @@ from headscope.analyses.ablation import (
     later_copy_loss,
     verify,
 )
-from headscope.analyses.base import (
+from headscope.extend.base import (
     CopyLoss,
     ProgressFactory,
     RepeatSpec,
@@ -33,11 +34,13 @@ from headscope.analyses.base import (
     repeated_tokens,
     score_batches,
 )
-from headscope.analyses.copyloss import CopyLossMeter
-from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS
+from headscope.extend.copyloss import CopyLossMeter
+from headscope.extend.protocol import ANALYSES, get
 from headscope.verdicts.heads import random_control, top_heads
 
 __all__ = [
+    "ANALYSES",
+    "get",
     "AblationResult",
     "CopyLoss",
     "CopyLossMeter",

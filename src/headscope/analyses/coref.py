@@ -12,12 +12,26 @@ from headscope.data.defaults import DEFAULT_COREF_SETS
 from headscope.data.prompts import CorefSet, builtin, display_path, load_coref
 from headscope.detectors.coref import CorefDetector
 from headscope.errors import InputError
+from headscope.extend.base import (
+    ProgressFactory,
+    Report,
+    check_context,
+    model_batches,
+    prompt_set_report,
+    score_batches,
+)
+from headscope.extend.checks import TableChecked
+from headscope.extend.protocol import (
+    HELP_BATCH,
+    HELP_SKIP_BAD,
+    Outcome,
+    Stats,
+    check_common,
+    option,
+    register,
+)
 from headscope.models import LoadedModel
 from headscope.verdicts.stats import check_resamples
-
-from .base import ProgressFactory, Report, _prompt_set_report, check_context, model_batches, score_batches
-from .checks import _TableChecked
-from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register
 
 
 def _nearest(pronoun: tuple[int, int], candidates: Sequence[tuple[int, int]], visible: Sequence[bool]) -> int:
@@ -98,7 +112,7 @@ def coref(
     batches = model_batches(loaded, sequences, specials, batch_size, metas)
     results = score_batches(loaded, batches, [CorefDetector()], len(sequences), data_name, progress=progress)
     description = f"{display_path(coref_set.path)} ({len(sequences)} examples)"
-    return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
+    return prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
 
 
 # --- the analysis: options, check, run, verify (the table's ablation), JSON -------------------------
@@ -114,7 +128,7 @@ class CorefOptions(Stats):
 
 
 @register
-class Coref(_TableChecked):
+class Coref(TableChecked):
     name = "coref"
     summary = "Coreference heads: does the pronoun attend most to its antecedent?"
     options = CorefOptions

@@ -25,12 +25,11 @@ from headscope.data.prompts import PromptSet, TextItem, display_path, load_texts
 from headscope.detectors.patterns import NAMED
 from headscope.detectors.target import PatternDetector, check_name, check_patterns
 from headscope.errors import InputError
+from headscope.extend.base import encode_texts, model_batches, prompt_set_report, score_batches
+from headscope.extend.checks import TableChecked
+from headscope.extend.protocol import HELP_BATCH, Outcome, Stats, check_common, option, register
 from headscope.rolespec import RoleSpec
 from headscope.verdicts.roles import RoleRule
-
-from .base import _prompt_set_report, encode_texts, model_batches, score_batches
-from .checks import _TableChecked
-from .protocol import HELP_BATCH, Outcome, Stats, check_common, option, register
 
 
 @dataclass(kw_only=True)
@@ -164,7 +163,7 @@ def _pattern(pattern: Any, n_prompts: int) -> Callable[[torch.Tensor], torch.Ten
 
 
 @register
-class Detect(_TableChecked):
+class Detect(TableChecked):
     name = "detect"
     summary = "Your own attention pattern, TransformerLens style: every head scored, with a baseline, an interval and a role."
     options = DetectOptions
@@ -259,7 +258,7 @@ class Detect(_TableChecked):
             loaded, batches, [detector], len(sequences), prompt_set.name, progress=progress
         )
         description = f"{display_path(prompt_set.path)} ({len(sequences)} prompts)"
-        report = _prompt_set_report(
+        report = prompt_set_report(
             loaded,
             results,
             prompt_set.name,

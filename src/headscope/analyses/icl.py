@@ -39,17 +39,9 @@ from headscope.data.icl import ICLPair, ICLTask, answer_ids, load_tasks
 from headscope.data.prompts import configs_dir, display_path, split_paragraphs
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, PromptSetError
-from headscope.models import LoadedModel, anatomy, projections
-from headscope.verdicts.heads import Head, top_heads
-from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import RoleRule, assign_roles
-from headscope.verdicts.stats import bootstrap_ratio
-
-from .base import ProgressFactory, RepeatSpec, Report, _sections, model_batches
-from .checks import Check, _one_check, _too_many
-from .icl_present import icl_png
-from .induction import induction
-from .protocol import (
+from headscope.extend.base import ProgressFactory, RepeatSpec, Report, model_batches, report_sections
+from headscope.extend.checks import Check, one_check, too_many
+from headscope.extend.protocol import (
     ENTRY,
     HELP_BATCH,
     HELP_DRAWS,
@@ -61,7 +53,15 @@ from .protocol import (
     register,
     spelled,
 )
-from .writers import html_report
+from headscope.extend.writers import html_report
+from headscope.models import LoadedModel, anatomy, projections
+from headscope.verdicts.heads import Head, top_heads
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import bootstrap_ratio
+
+from .icl_present import icl_png
+from .induction import induction
 
 DEFAULT_TEXTS = ("retrieval/haystack-en.txt", "retrieval/haystack-zh.txt")
 FV_DATA = "icl-tasks"
@@ -942,7 +942,7 @@ def run_icl(
     report = Report(
         loaded.name,
         table,
-        _sections(results, descriptions),
+        report_sections(results, descriptions),
         loaded.capture_mode,
         notes=notes + uncertainty_notes(results, resamples),
         results=results,
@@ -1250,7 +1250,7 @@ class ICL(Analysis):
     )
 
     def check(self, options: ICLOptions) -> ICLInputs:
-        from .protocol import check_common
+        from headscope.extend.protocol import check_common
 
         check_common(options)
         shots = parse_shots(options.shots)
@@ -1280,7 +1280,7 @@ class ICL(Analysis):
                 "icl measures next-token loss and answers, so it needs a causal language model with an LM head"
             )
         if options.fv and options.tasks != "none":
-            _too_many(loaded, options.k, "k", "a random control of the same size")
+            too_many(loaded, options.k, "k", "a random control of the same size")
         # Each task's answers must be single tokens for this tokenizer, and each task must hold the
         # demonstrations asked for: refused before any forward pass.
         specs = _task_specs(options.tasks)
@@ -1310,6 +1310,6 @@ class ICL(Analysis):
     def json(self, outcome: Outcome) -> dict[str, Any]:
         return {
             "role_rule": outcome.state["rule"].describe(),
-            "icl": _one_check(outcome, "icl"),
-            "ablation": _one_check(outcome, "icl-ablation"),
+            "icl": one_check(outcome, "icl"),
+            "ablation": one_check(outcome, "icl-ablation"),
         }

@@ -10,9 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from headscope import files
-
-from .render import est, fmt, heads_text
-from .writers import named
+from headscope.extend.render import est, fmt, heads_text
+from headscope.extend.writers import named
 
 
 def print_icl(measures: Any, console: Console) -> None:

@@ -7,27 +7,21 @@ from typing import Any
 
 from headscope import detectors
 from headscope.errors import InputError
-from headscope.models import LoadedModel
-from headscope.verdicts.heads import top_heads
-from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import assign_roles
-from headscope.verdicts.stats import check_resamples
-
-from .ablation import ablate
-from .ablation_present import ablation_json
-from .base import (
+from headscope.extend.ablation import ablate
+from headscope.extend.ablation_present import ablation_json
+from headscope.extend.base import (
     ProgressFactory,
     RepeatSpec,
     Report,
-    _repeat_description,
-    _sections,
     model_batches,
+    repeat_description,
     repeated_tokens,
+    report_sections,
     score_batches,
 )
-from .checks import Check, _one_check, _too_many, check_repeat_context
-from .copyloss import CopyLossMeter
-from .protocol import (
+from headscope.extend.checks import Check, check_repeat_context, one_check, too_many
+from headscope.extend.copyloss import CopyLossMeter
+from headscope.extend.protocol import (
     HELP_ABLATION,
     HELP_BATCH,
     HELP_DRAWS,
@@ -40,6 +34,11 @@ from .protocol import (
     option,
     register,
 )
+from headscope.models import LoadedModel
+from headscope.verdicts.heads import top_heads
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import assign_roles
+from headscope.verdicts.stats import check_resamples
 
 
 def induction(
@@ -73,7 +72,7 @@ def induction(
     return Report(
         loaded.name,
         table,
-        _sections(results, {"repeated-tokens": _repeat_description(spec)}),
+        report_sections(results, {"repeated-tokens": repeat_description(spec)}),
         loaded.capture_mode,
         loss=meter.result() if meter else None,
         notes=notes + uncertainty_notes(results, n_resamples),
@@ -122,7 +121,7 @@ class Induction(Analysis):
     def check_loaded(self, loaded: Any, options: InductionOptions) -> None:
         check_repeat_context(loaded, options)
         if options.ablate:
-            _too_many(loaded, options.ablate, "ablate", "a random control of the same size")
+            too_many(loaded, options.ablate, "ablate", "a random control of the same size")
 
     def run(self, loaded: Any, options: InductionOptions, prepared: None, progress: Any) -> Outcome:
         spec = options.repeat_spec(options.seed, options.bos)
@@ -137,7 +136,7 @@ class Induction(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: InductionOptions, progress: Any, k: int | None = None
     ) -> list[Check]:
-        _too_many(
+        too_many(
             loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control of the same size"
         )
         k = k or options.ablate or 3
@@ -155,4 +154,4 @@ class Induction(Analysis):
         return [Check("induction", effect)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"ablation": _one_check(outcome, "induction")}
+        return {"ablation": one_check(outcome, "induction")}

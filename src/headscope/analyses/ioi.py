@@ -38,15 +38,9 @@ from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
 from headscope.detectors.circuits import IOIAttentionDetector
 from headscope.errors import InputError
-from headscope.models import LoadedModel
-from headscope.verdicts.heads import random_control
-from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import RoleRule, assign_roles
-from headscope.verdicts.stats import bootstrap_ratio_ci, check_resamples
-
-from .base import ProgressFactory, Report, _pad_id, _sections, check_context
-from .checks import Check, _one_check
-from .protocol import (
+from headscope.extend.base import ProgressFactory, Report, check_context, pad_token_of, report_sections
+from headscope.extend.checks import Check, one_check
+from headscope.extend.protocol import (
     HELP_ABLATION,
     HELP_BATCH,
     HELP_DRAWS,
@@ -57,6 +51,11 @@ from .protocol import (
     option,
     register,
 )
+from headscope.models import LoadedModel
+from headscope.verdicts.heads import random_control
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import bootstrap_ratio_ci, check_resamples
 
 Head = tuple[int, int]
 
@@ -218,7 +217,7 @@ def _batches(loaded: LoadedModel, prompts: list[IOIPrompt], order: list[list[int
             [prompts[i].ids for i in rows],
             [prompts[i].special for i in rows],
             batch_size=len(rows),
-            pad_id=_pad_id(loaded),
+            pad_id=pad_token_of(loaded),
             is_causal=loaded.is_causal,
             meta=[
                 {
@@ -451,7 +450,7 @@ def ioi(
     report = Report(
         loaded.name,
         table,
-        _sections(results, descriptions),
+        report_sections(results, descriptions),
         loaded.capture_mode,
         notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
@@ -563,4 +562,4 @@ class IOI(Analysis):
         return [Check("ioi", check)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"verification": _one_check(outcome, "ioi")}
+        return {"verification": one_check(outcome, "ioi")}

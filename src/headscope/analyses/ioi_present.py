@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .render import fmt, fmt_ci, heads_text
+from headscope.extend.render import fmt, fmt_ci, heads_text
 
 IOI_CAPTION = (
     "DLA: the head's direct logit attribution toward IO against S at the last token (nats, through "

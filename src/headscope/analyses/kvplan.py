@@ -39,13 +39,14 @@ import torch
 from headscope import capture
 from headscope.data.circuits import load_haystack
 from headscope.errors import InputError, NotApplicable, elide
+from headscope.extend.base import ProgressFactory, Report, pad_token_of, prompt_set_report
+from headscope.extend.checks import Check, one_check
+from headscope.extend.protocol import Analysis, Outcome, Output, Stats, check_common, option, register
+from headscope.extend.writers import html_grid, named
 from headscope.models import HeadLayout, LoadedModel
 from headscope.verdicts.stats import bootstrap_ratio
 
-from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
-from .checks import Check, _one_check
 from .kvplan_present import check_plan_dir, plan_folder, section_html
-from .protocol import Analysis, Outcome, Output, Stats, check_common, option, register
 from .retrieval import (
     NeedleInputs,
     NeedlePrompt,
@@ -57,7 +58,6 @@ from .retrieval import (
     needle_batches,
     parse_contexts,
 )
-from .writers import html_grid, named
 
 KV = tuple[int, int]  # (layer, KV head)
 METHODS = ("retrieval", "mass", "ablation")
@@ -534,7 +534,7 @@ def score(
     text_result = mass_text.results("text")[0]
     retrieval_result = retrieval.results("needles")[0]
     description = f"{len(prompts)} needle prompts at {','.join(str(c) for c in contexts)} tokens"
-    report = _prompt_set_report(
+    report = prompt_set_report(
         loaded,
         [needle_result, text_result, retrieval_result],
         "needles",
@@ -654,7 +654,7 @@ def build_inputs(
         rows,
         specials,
         batch_size=batch_size,
-        pad_id=_pad_id(loaded),
+        pad_id=pad_token_of(loaded),
         is_causal=True,
         meta=[{"chunk": i} for i in range(len(rows))],
     )
@@ -1047,4 +1047,4 @@ class KVPlanAnalysis(Analysis):
         return [Check("kv-plan", plan)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"kv_plan": _one_check(outcome, "kv-plan")}
+        return {"kv_plan": one_check(outcome, "kv-plan")}

@@ -14,9 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from headscope import files
-
-from .render import NUM_OR_NULL as _NUM_OR_NULL
-from .render import check_fields, check_list, check_value, html_number, html_text
+from headscope.extend.render import NUM_OR_NULL as _NUM_OR_NULL
+from headscope.extend.render import check_fields, check_list, check_value, html_number, html_text
 
 FULL, STREAMING, WINDOW = "█", "·", "w"
 

@@ -30,14 +30,9 @@ from headscope.data.circuits import NeedleItem, RetrievalSet, load_haystack, loa
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.circuits import RetrievalDetector
 from headscope.errors import InputError, elide
-from headscope.models import LoadedModel
-from headscope.verdicts.heads import random_control, top_heads
-from headscope.verdicts.roles import RoleRule
-from headscope.verdicts.stats import check_resamples
-
-from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
-from .checks import Check, _one_check, _too_many
-from .protocol import (
+from headscope.extend.base import ProgressFactory, Report, pad_token_of, prompt_set_report
+from headscope.extend.checks import Check, one_check, too_many
+from headscope.extend.protocol import (
     HELP_ABLATION,
     HELP_DRAWS,
     Analysis,
@@ -48,6 +43,11 @@ from .protocol import (
     option,
     register,
 )
+from headscope.models import LoadedModel
+from headscope.verdicts.heads import random_control, top_heads
+from headscope.verdicts.roles import RoleRule
+from headscope.verdicts.stats import check_resamples
+
 from .retrieval_present import needle_png
 
 Head = tuple[int, int]
@@ -326,7 +326,7 @@ def needle_batches(loaded: LoadedModel, prompts: list[NeedlePrompt], batch_size:
         [p.ids for p in prompts],
         [p.special for p in prompts],
         batch_size=batch_size,
-        pad_id=_pad_id(loaded),
+        pad_id=pad_token_of(loaded),
         is_causal=loaded.is_causal,
         meta=meta,
     )
@@ -398,7 +398,7 @@ def score_prompts(
     notes = []
     if outcome.counted == 0:
         notes.append(f"{data}: the model predicted no answer token right, so no head could be scored")
-    report = _prompt_set_report(
+    report = prompt_set_report(
         loaded,
         detector.results(data),
         data,
@@ -578,7 +578,7 @@ class Retrieval(Analysis):
 
     def check_loaded(self, loaded: Any, options: RetrievalOptions) -> None:
         if options.ablate:
-            _too_many(loaded, options.ablate, "ablate", "a random control")
+            too_many(loaded, options.ablate, "ablate", "a random control")
 
     def run(self, loaded: Any, options: RetrievalOptions, prepared: NeedleInputs, progress: Any) -> Outcome:
         if not (loaded.is_causal and loaded.has_lm_head):
@@ -605,7 +605,7 @@ class Retrieval(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: RetrievalOptions, progress: Any, k: int | None = None
     ) -> list[Check]:
-        _too_many(loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control")
+        too_many(loaded, k or options.ablate or 3, "k" if k else "ablate", "a random control")
         k = k or options.ablate or 3
         heads = top_heads(outcome.report.table, "retrieval", k)
         state = outcome.state
@@ -623,4 +623,4 @@ class Retrieval(Analysis):
         return [Check("retrieval", effect)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
-        return {"ablation": _one_check(outcome, "retrieval")}
+        return {"ablation": one_check(outcome, "retrieval")}

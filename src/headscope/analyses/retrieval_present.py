@@ -9,9 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from headscope import files
-
-from .render import ablation_runs, fmt
-from .writers import named
+from headscope.extend.render import ablation_runs, fmt
+from headscope.extend.writers import named
 
 
 def needle_table(outcome: Any) -> Table:

@@ -16,25 +16,20 @@ from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAUL
 from headscope.data.prompts import PromptSet, builtin, display_path, load_texts
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, Unsupported
-from headscope.models import LoadedModel
-from headscope.verdicts.results import head_table, uncertainty_notes
-from headscope.verdicts.roles import RoleRule, assign_roles
-from headscope.verdicts.stats import check_resamples
-
-from .base import (
+from headscope.extend.base import (
     ProgressFactory,
     RepeatSpec,
     Report,
-    _detectors_for,
-    _repeat_description,
-    _sections,
+    detectors_for,
     encode_texts,
     model_batches,
+    repeat_description,
     repeated_tokens,
+    report_sections,
     score_batches,
 )
-from .checks import Check, _too_many, check_repeat_context
-from .protocol import (
+from headscope.extend.checks import Check, check_repeat_context, too_many
+from headscope.extend.protocol import (
     HELP_BATCH,
     Analysis,
     Outcome,
@@ -47,7 +42,11 @@ from .protocol import (
     spelled,
     split_names,
 )
-from .writers import html_report, roles_csv
+from headscope.extend.writers import html_report, roles_csv
+from headscope.models import LoadedModel
+from headscope.verdicts.results import head_table, uncertainty_notes
+from headscope.verdicts.roles import RoleRule, assign_roles
+from headscope.verdicts.stats import check_resamples
 
 # The scan draws on every other analysis, and imports each where it uses it: importing this module
 # registers Scan alone, so the registry's order is the order analyses/__init__.py imports them in.
@@ -97,7 +96,7 @@ def scan(
         text_set = load_texts(text_set if text_set is not None else builtin(DEFAULT_TEXT_SET))
     parts = _Parts(loaded, n_resamples, seed, progress)
 
-    text_detectors = _detectors_for("text", detector_names)
+    text_detectors = detectors_for("text", detector_names)
     if text_detectors:
         with parts.part("text") as part:
             _score_prompt_set(part, loaded, text_set, text_detectors, batch_size, progress)
@@ -110,12 +109,12 @@ def scan(
         with parts.part(own_set.name) as part:
             _score_prompt_set(part, loaded, own_set, own, batch_size, progress)
 
-    token_detectors = _detectors_for("repeated-tokens", detector_names)
+    token_detectors = detectors_for("repeated-tokens", detector_names)
     if token_detectors:
         with parts.part("repeated-tokens") as part:
             sequences, specials, offset = repeated_tokens(loaded, repeat)
             batches = model_batches(loaded, sequences, specials, batch_size)
-            part.descriptions["repeated-tokens"] = _repeat_description(repeat)
+            part.descriptions["repeated-tokens"] = repeat_description(repeat)
             part.inputs["repeated-tokens"] = batches
             parts.repeat = (repeat, offset)
             part.results += score_batches(
@@ -126,7 +125,7 @@ def scan(
         ("treebank", DEFAULT_TREEBANKS, syntax),
         ("coref", DEFAULT_COREF_SETS, coref),
     ):
-        if not _detectors_for(source, detector_names):
+        if not detectors_for(source, detector_names):
             continue
         for name in names:
             with parts.part(name) as part:
@@ -142,7 +141,7 @@ def scan(
                 # The part ran without intervals on purpose (the scan bootstraps once, per part).
                 part.merge(found, without=uncertainty_notes(found.results, 0))
 
-    circuits = [s for s in ("ioi", "retrieval") if _detectors_for(s, detector_names)]
+    circuits = [s for s in ("ioi", "retrieval") if detectors_for(s, detector_names)]
     if circuits and not (loaded.is_causal and loaded.has_lm_head):
         parts.notes.append(
             f"{', '.join(circuits)}: not run: they read next-token predictions of a causal language model"
@@ -179,7 +178,7 @@ def scan(
     return Report(
         loaded.name,
         table,
-        _sections(results, descriptions),
+        report_sections(results, descriptions),
         loaded.capture_mode,
         notes=parts.notes + uncertainty_notes(results, n_resamples),
         results=results,
@@ -270,7 +269,7 @@ class _Parts:
                 Report(
                     self.loaded.name,
                     part.table,
-                    _sections(part.results, part.descriptions),
+                    report_sections(part.results, part.descriptions),
                     self.loaded.capture_mode,
                     results=part.results,
                     layout=self.loaded.layout,
@@ -436,7 +435,7 @@ class Scan(Analysis):
     def check_loaded(self, loaded: Any, options: ScanOptions) -> None:
         check_repeat_context(loaded, options)
         if options.verify:
-            _too_many(loaded, options.verify_k, "verify_k", "a random control of the same size")
+            too_many(loaded, options.verify_k, "verify_k", "a random control of the same size")
 
     def run(self, loaded: Any, options: ScanOptions, prepared: ScanInputs, progress: Any) -> Outcome:
         report = scan(
@@ -464,11 +463,9 @@ class Scan(Analysis):
         self, loaded: Any, outcome: Outcome, options: ScanOptions, progress: Any, k: int | None = None
     ) -> list[Check]:
         """Token-loss ablation of every table, then the circuit tables by their own measures."""
-        from .ablation import verify as verify_tables
+        from headscope.extend.ablation import verify as verify_tables
 
-        _too_many(
-            loaded, k or options.verify_k, "k" if k else "verify_k", "a random control of the same size"
-        )
+        too_many(loaded, k or options.verify_k, "k" if k else "verify_k", "a random control of the same size")
         k = k or options.verify_k
         report = outcome.report
         outcome.state.update(verified=True, k=k)

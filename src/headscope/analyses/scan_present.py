@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .render import html_text
+from headscope.extend.render import html_text
 
 CARD_CSS = """/* describe cards in the head panel (scan reports with an atlas) */
 .head-card .card { border: 1px solid rgba(0, 0, 0, 0.15); border-radius: 6px; padding: 0.4rem 0.7rem; margin: 0.6rem 0; }

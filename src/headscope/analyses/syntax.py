@@ -13,12 +13,20 @@ from headscope.data.defaults import DEFAULT_TREEBANKS
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.syntax import DEFAULT_RELATIONS, SyntaxDetector
 from headscope.errors import InputError
+from headscope.extend.base import ProgressFactory, Report, model_batches, prompt_set_report, score_batches
+from headscope.extend.checks import TableChecked
+from headscope.extend.protocol import (
+    HELP_BATCH,
+    HELP_SKIP_BAD,
+    Outcome,
+    Stats,
+    check_common,
+    option,
+    register,
+    split_names,
+)
 from headscope.models import LoadedModel
 from headscope.verdicts.stats import check_resamples
-
-from .base import ProgressFactory, Report, _prompt_set_report, model_batches, score_batches
-from .checks import _TableChecked
-from .protocol import HELP_BATCH, HELP_SKIP_BAD, Outcome, Stats, check_common, option, register, split_names
 
 
 def check_relations(treebank: Treebank, relations: Sequence[str] | None) -> list[str]:
@@ -103,7 +111,7 @@ def syntax(
             f"cannot see it: {', '.join(f'{r} {d}' for r, d in unscored)}"
         )
     description = f"{display_path(treebank.path)} ({len(sequences)} sentences)"
-    return _prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
+    return prompt_set_report(loaded, results, data_name, description, notes, batches, n_resamples, seed)
 
 
 # --- the analysis: options, check, run, verify (the tables' ablation), JSON -------------------------
@@ -131,7 +139,7 @@ class SyntaxInputs:
 
 
 @register
-class Syntax(_TableChecked):
+class Syntax(TableChecked):
     name = "syntax"
     summary = (
         "Syntactic heads: per relation and direction, the best head against the best positional baseline."

@@ -22,6 +22,18 @@ from headscope.data.ordinal import OrdinalSet, load_ordinal
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
 from headscope.errors import InputError, NotApplicable
+from headscope.extend.base import ProgressFactory, Report, pad_token_of, prompt_set_report
+from headscope.extend.checks import Check
+from headscope.extend.protocol import (
+    HELP_ABLATION,
+    HELP_DRAWS,
+    Analysis,
+    Outcome,
+    Stats,
+    check_common,
+    option,
+    register,
+)
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import random_control
 from headscope.verdicts.roles import RoleRule
@@ -38,10 +50,6 @@ from headscope.weightroles.ov import (
 )
 from headscope.weightroles.summaries import SUMMARIES
 from headscope.weightroles.tasks import ResolvedTask, check_distinct_sets, continuation_prompts, resolve_tasks
-
-from .base import ProgressFactory, Report, _pad_id, _prompt_set_report
-from .checks import Check
-from .protocol import HELP_ABLATION, HELP_DRAWS, Analysis, Outcome, Stats, check_common, option, register
 
 DEFAULT_TASK_SETS = ("ordinal/en.yaml", "ordinal/zh.yaml")
 DEFAULT_EMBEDDING: Embedding = "mlp0"
@@ -254,7 +262,7 @@ def weights(
         f"{n_tokens:,} tokens sampled (seed {seed}) from {len(candidates):,} ordinary ids, "
         f"{embedding} embedding, k = {k}"
     )
-    report = _prompt_set_report(
+    report = prompt_set_report(
         loaded,
         results,
         VOCAB_DATA,
@@ -400,7 +408,7 @@ def verify_successor(
     rng = random.Random(seed)
     controls = [random_control(heads, loaded.layout, rng) for _ in range(draws)]
     batches = capture.make_batches(
-        contexts, specials, batch_size=batch_size, pad_id=_pad_id(loaded), is_causal=loaded.is_causal
+        contexts, specials, batch_size=batch_size, pad_id=pad_token_of(loaded), is_causal=loaded.is_causal
     )
     means = None
     if mode == "mean":

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .render import ablation_runs, fmt
+from headscope.extend.render import ablation_runs, fmt
 
 
 def print_successor_ablation(result: Any, console: Console) -> None:

@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
-from headscope.analyses.base import ProgressFactory
-from headscope.analyses.checks import Check
 from headscope.analyses.describe.templates import Template
-from headscope.analyses.protocol import (
+from headscope.api.result import AttentionMap, Result
+from headscope.detectors import Detector, PatternDetector, TargetDetector
+from headscope.errors import InputError
+from headscope.extend.base import ProgressFactory
+from headscope.extend.checks import Check
+from headscope.extend.protocol import (
     ANALYSES,
     Analysis,
     Outcome,
@@ -39,9 +42,6 @@ from headscope.analyses.protocol import (
     get,
     option,
 )
-from headscope.api.result import AttentionMap, Result
-from headscope.detectors import Detector, PatternDetector, TargetDetector
-from headscope.errors import InputError
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.models.options import LoadOptions
 from headscope.outputs.progress import progress_option
@@ -261,7 +261,7 @@ def register(declaration: Any) -> Any:
     Returns the declaration (so it works as a class decorator)."""
     from headscope import detectors
     from headscope.analyses.describe.templates import TEMPLATES, Template
-    from headscope.analyses.protocol import Analysis
+    from headscope.extend.protocol import Analysis
 
     if isinstance(declaration, Template):
         TEMPLATES.register(declaration)
@@ -299,8 +299,8 @@ def show(
     """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
     ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all".
     ``profile=True``: its ``profile`` is the cost ledger, as with :func:`run`."""
-    from headscope.analyses.show import check_request, show_attention
     from headscope.capture import prepared as borrowed
+    from headscope.extend.show import check_request, show_attention
 
     head_text = ",".join(str(h) for h in heads) if isinstance(heads, list | tuple) else str(heads)
     check_request(text, head_text, words, word_sep)
@@ -394,7 +394,7 @@ def sweep(
     analysis reads in a sweep (``ablate``, ``verify``: a sweep runs no causal check) is refused.
     Notes (a stored run computed again, and why) go to ``on_note`` and the result's ``notes``.
     Returns the sweep's result: ``table`` (sweep.csv), ``emergence()`` and ``across_models()``."""
-    from headscope.analyses.protocol import split_names
+    from headscope.extend.protocol import split_names
     from headscope.sweeps.run import sweep as run_sweep
 
     return run_sweep(

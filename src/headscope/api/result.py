@@ -243,7 +243,7 @@ class Result:
                 hint="rerun the analysis, e.g. hs.scan(model).verify()",
             )
         from headscope import capture
-        from headscope.analyses.protocol import get
+        from headscope.analyses import get
 
         if k is not None and k < 1:
             raise InputError(f"k must be at least 1, got {k}")
@@ -261,7 +261,7 @@ class Result:
         """The result JSON as a dict: the same document as ``headscope <command> --format json``."""
         if self._outcome is None:
             return dict(self._saved or {})
-        from headscope.analyses.protocol import get
+        from headscope.analyses import get
         from headscope.outputs.report import jsonable, report_json, roles_records
 
         analysis = get(self.analysis)
@@ -369,7 +369,7 @@ class Result:
                 )
             if self._examples is None:
                 from headscope import capture
-                from headscope.analyses.examples import attention_examples
+                from headscope.extend.examples import attention_examples
 
                 with capture.prepared(self._loaded):
                     self._examples = attention_examples(self._loaded)
@@ -386,7 +386,7 @@ class Result:
 
     def _html_sections(self) -> list[str]:
         """The analysis' own section of the report (``Analysis.html_section``), built-in or plugin."""
-        from headscope.analyses.protocol import ANALYSES
+        from headscope.analyses import ANALYSES
 
         if self.analysis not in ANALYSES:
             return []

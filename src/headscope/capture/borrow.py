@@ -1,7 +1,7 @@
 """Borrowing a model for the length of an analysis, and giving its state back exactly.
 
 :func:`borrowed` is the one borrow: every forward pass headscope makes (``capture.run``, the checks,
-path patching, the cost ledger's bare forward) and every analysis (``analyses.protocol.execute``)
+path patching, the cost ledger's bare forward) and every analysis (``extend.protocol.execute``)
 runs inside it. It switches the model to the attention implementation of its capture mode and to
 eval mode, and gives everything back on exit (peft's ``disable_adapter()``: borrow inside a context
 manager, give back exactly, also on error).

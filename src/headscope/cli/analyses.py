@@ -15,8 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from headscope.analyses.protocol import ANALYSES, Analysis, Output
+from headscope.analyses import ANALYSES
 from headscope.errors import InputError
+from headscope.extend.protocol import Analysis, Output
 from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, Writer, check_outputs
 from headscope.registry import PluginWarning
 

@@ -21,8 +21,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from headscope import files
-from headscope.analyses.protocol import option
 from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
+from headscope.extend.protocol import option
 from headscope.models.options import LoadOptions, spec_default
 from headscope.outputs.progress import (
     INTERRUPTED,
@@ -242,7 +242,7 @@ def write_output(
 @contextlib.contextmanager
 def entry_cli() -> Iterator[None]:
     """Refusals name --flags, not keywords."""
-    from headscope.analyses.protocol import ENTRY
+    from headscope.extend.protocol import ENTRY
 
     entry = ENTRY.set("cli")
     try:

@@ -2,7 +2,7 @@
 
 A command names its option groups as parameters annotated with a dataclass; :func:`command`
 replaces each such parameter by the group's fields (flag, help, range and choices come from the
-field's metadata, see :func:`headscope.analyses.protocol.option`) and hands the command one
+field's metadata, see :func:`headscope.extend.protocol.option`) and hands the command one
 instance of the group. So ``--device`` or ``--resamples`` is written in one place with one help
 text, and the analyses' options are the same declaration the Python API reads.
 """
@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
-from headscope.analyses.protocol import check_value, flag_of
 from headscope.errors import HeadscopeError
+from headscope.extend.protocol import check_value, flag_of
 from headscope.outputs.html import COMMAND_LINE
 
 _ENUMS: dict[tuple[str, tuple[str, ...]], type[Enum]] = {}
@@ -65,7 +65,7 @@ def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Param
 
 
 def _callback(field: dataclasses.Field, kind: Any) -> Callable[[Any], Any]:
-    """The option's one check (:func:`headscope.analyses.protocol.check_value`: type, range, choices,
+    """The option's one check (:func:`headscope.extend.protocol.check_value`: type, range, choices,
     NaN and infinity, its own ``check``), as a typer callback (usage error naming the flag, exit 2)."""
 
     def callback(value: Any) -> Any:

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from headscope import files
-from headscope.analyses.protocol import Repeat, Stats
 from headscope.errors import HeadscopeError
+from headscope.extend.protocol import Repeat, Stats
 from headscope.outputs.writing import check_outputs, command_line, html_file, table_file
 
 from .common import (
@@ -97,7 +97,7 @@ def sweep_cmd(
         import dataclasses
 
         import headscope.api as hs
-        from headscope.analyses.protocol import flag_of
+        from headscope.extend.protocol import flag_of
         from headscope.outputs.sweeps import print_sweep
         from headscope.sweeps.run import SweepInterrupted, check_analyses, check_resources, parse_settings
         from headscope.sweeps.specs import check_series
@@ -249,7 +249,7 @@ def show(
         import time
 
         import headscope.api as hs
-        from headscope.analyses import show as looking
+        from headscope.extend import show as looking
         from headscope.outputs import views
 
         check_outputs(emit.force, ("-o", emit.output), ("--png", png))

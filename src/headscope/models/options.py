@@ -3,7 +3,7 @@ CLI's load options (``--device``, ``--dtype``, ``--capture``, ``--device-map``) 
 these fields: their names, help texts, defaults, choices and checks.
 
 A field's metadata has the keys the CLI reads from every option (``help``, ``choices``, ``flag``;
-see :func:`headscope.analyses.protocol.option`), and ``spec_default``: the value a spec loads with
+see :func:`headscope.extend.protocol.option`), and ``spec_default``: the value a spec loads with
 where the caller gave none. ``None`` in the API means "not given", so that a model object, which is
 used where and as it is, can refuse a device or dtype it was given.
 """

@@ -15,10 +15,10 @@ from contextvars import ContextVar
 from importlib import resources
 from typing import Any
 
-from headscope.analyses.render import check_fields as _check_fields
-from headscope.analyses.render import check_list as _check_list
-from headscope.analyses.render import check_value as _check_value
-from headscope.analyses.render import html_text as _text
+from headscope.extend.render import check_fields as _check_fields
+from headscope.extend.render import check_list as _check_list
+from headscope.extend.render import check_value as _check_value
+from headscope.extend.render import html_text as _text
 
 SCHEMA = "headscope-report/1"
 
@@ -216,7 +216,7 @@ _STYLE = re.compile(r"^\s*<style>\n?(.*?)</style>\n?", re.S)
 
 def render(data: dict, sections: list[str] | tuple[str, ...] = ()) -> str:
     """The whole report as one HTML document (a string). ``sections``: the analyses' own sections
-    (:meth:`headscope.analyses.protocol.Analysis.html_section`), drawn in order above the role map;
+    (:meth:`headscope.extend.protocol.Analysis.html_section`), drawn in order above the role map;
     a ``<style>`` a section opens with joins the page's stylesheet."""
     check_data(data)
     title = _text(data["title"])

@@ -20,7 +20,7 @@ def print_models(console: Console) -> None:
 
 def print_detectors(console: Console) -> None:
     """The detectors a scan can run and the analyses, built-in and from plugins."""
-    from headscope.analyses.protocol import ANALYSES
+    from headscope.analyses import ANALYSES
     from headscope.detectors import REGISTRY, PatternDetector
 
     console.print("detectors (headscope scan --detectors NAME,...):")

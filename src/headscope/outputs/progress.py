@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headscope.analyses.base import ProgressFactory
+from headscope.extend.base import ProgressFactory
 
 
 class Bars:

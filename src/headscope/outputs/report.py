@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from headscope.analyses import Report, Section
-from headscope.analyses.render import fmt as _fmt
-from headscope.analyses.render import fmt_ci as _fmt_ci
 from headscope.detectors.syntax import RELATION_NAMES
+from headscope.extend.render import fmt as _fmt
+from headscope.extend.render import fmt_ci as _fmt_ci
 
 
 def render_text(draw: Callable[[Console], None], width: int = 140) -> str:
@@ -551,7 +551,7 @@ def print_checks(
     * a value with ``print_to(console, top)`` prints itself (``top``: rows where it lists heads);
     * any other value (a plugin's plain record) prints its JSON.
     """
-    from headscope.analyses.ablation import Verification
+    from headscope.extend.ablation import Verification
 
     groups: dict[type, list[Any]] = {}
     for check in checks:
@@ -576,7 +576,7 @@ def print_checks(
 def print_result(result: Any, console: Console, top: int, start: int = 0) -> None:
     """A ``headscope.Result`` for people: its tables (from section ``start`` on), its checks, and
     (scan) the role map."""
-    from headscope.analyses.protocol import get
+    from headscope.analyses import get
 
     analysis = get(result.analysis)
     state = result.state

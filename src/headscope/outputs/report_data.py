@@ -3,7 +3,7 @@
 Built from a live :class:`~headscope.analyses.Report` (``scan --html``) or from a saved result
 (``scan --format json`` output or a sweep store, read by :mod:`headscope.sweeps.results`). The
 attention heatmaps of three small examples (English prose, repeated random tokens, a Chinese
-sentence) are computed by :mod:`headscope.analyses.examples` when the report is built, and embedded
+sentence) are computed by :mod:`headscope.extend.examples` when the report is built, and embedded
 here as they come, one byte per weight.
 """
 

@@ -1,6 +1,6 @@
 """Looking at heads: terminal heatmaps and PNGs of one text's maps, and the model's layout.
 
-The maps themselves come from :mod:`headscope.analyses.show`. Nothing here runs the model or needs
+The maps themselves come from :mod:`headscope.extend.show`. Nothing here runs the model or needs
 typer; the CLI's ``show`` and ``info`` commands are thin wrappers.
 """
 
@@ -16,9 +16,9 @@ from rich.console import Console, Group, RenderableType
 from rich.style import Style
 from rich.text import Text
 
-from headscope.analyses.show import AttentionView
 from headscope.capture import STREAM_IMPLEMENTATION
 from headscope.errors import InputError
+from headscope.extend.show import AttentionView
 from headscope.models import LoadedModel
 from headscope.models.layout import layer_attention
 

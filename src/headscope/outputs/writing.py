@@ -1,5 +1,5 @@
 """Writing the CLI's output files: the paths checked before any work, ``--format`` rendered, and the
-writers an analysis' declared outputs (:class:`headscope.analyses.protocol.Output`) name.
+writers an analysis' declared outputs (:class:`headscope.extend.protocol.Output`) name.
 
 Every writer writes atomically (:mod:`headscope.files`) and returns what it wrote, as the text after
 "wrote " (None: nothing written); the CLI prints it on stderr.
@@ -17,9 +17,9 @@ from typing import Any
 from rich.console import Console
 
 from headscope import files
-from headscope.analyses.writers import Writer
-from headscope.analyses.writers import html_file as html_file  # re-exported: headscope report writes with it
 from headscope.errors import InputError
+from headscope.extend.writers import Writer
+from headscope.extend.writers import html_file as html_file  # re-exported: headscope report writes with it
 
 
 def check_outputs(force: bool, *pairs: tuple[str, str | Path | None]) -> None:
@@ -69,12 +69,12 @@ def table_file(path: Path, table: Any, force: bool, columns: list[str] | None = 
 
 class _Named(Mapping[str, Writer]):
     """The writers a plugin's ``Output(..., writer="html")`` may name: every built-in analysis'
-    writer that carries a ``name`` (:func:`headscope.analyses.writers.named`). Read from the
+    writer that carries a ``name`` (:func:`headscope.extend.writers.named`). Read from the
     analyses when asked, so there is no table to keep in step."""
 
     def _found(self) -> dict[str, Writer]:
-        from headscope.analyses import writers
-        from headscope.analyses.protocol import ANALYSES
+        from headscope.analyses import ANALYSES
+        from headscope.extend import writers
 
         found = {
             w.name: w

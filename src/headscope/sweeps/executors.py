@@ -26,7 +26,7 @@ Outcome = dict[str, Any]  # {"ok": bool, "payload" | "error", "seconds"}
 def sweepable() -> list[str]:
     """The analyses a sweep runs: those that declare ``sweepable`` (one tidy table per model, from
     short prompts), built-in or plugin."""
-    from headscope.analyses.protocol import ANALYSES
+    from headscope.analyses import ANALYSES
 
     return [name for name, analysis in ANALYSES.items() if analysis.sweepable]
 
@@ -51,7 +51,8 @@ def run_task(task: Task) -> Outcome:
 
 def _analyse(task: Task) -> dict[str, Any]:
     """One run: the analysis from the registry, with the options the sweep gave it."""
-    from headscope.analyses.protocol import execute, get
+    from headscope.analyses import get
+    from headscope.extend.protocol import execute
     from headscope.models import load
     from headscope.verdicts.results import CSV_COLUMNS
 
@@ -60,7 +61,7 @@ def _analyse(task: Task) -> dict[str, Any]:
     options = analysis.make_options(task["values"])
     prepared_input = analysis.check(options)
     loaded = load(task["spec"], revision=task.get("revision"))
-    # The one path (analyses.protocol.execute): the same conformance checks and refusals as hs.run
+    # The one path (extend.protocol.execute): the same conformance checks and refusals as hs.run
     # and the CLI; a sweep stores tables, so the causal check is off (as it always was here).
     report = execute(analysis, loaded, options, prepared_input, None, verify=False).report
     table = report.table[CSV_COLUMNS]

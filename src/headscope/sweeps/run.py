@@ -86,7 +86,7 @@ def route(chosen: Sequence[str], key: str, said: str) -> tuple[list[str], str]:
     declares it (and reads it in a sweep), ``analysis.name`` to that one. Refused (InputError naming
     ``said``, the option as the caller wrote it): a name no chosen analysis declares, one only a
     causal check reads, and one that means different things in two of them (say which)."""
-    from headscope.analyses.protocol import get
+    from headscope.analyses import get
 
     owner, dot, name = key.strip().rpartition(".")
     name = name.strip().replace("-", "_")
@@ -134,7 +134,7 @@ def parse_settings(
     given twice (or also given by a flag in ``taken``: name -> flag) is refused."""
     import typing
 
-    from headscope.analyses.protocol import get
+    from headscope.analyses import get
 
     out: dict[str, Any] = {}
     said: dict[tuple[str, str], str] = {}
@@ -192,7 +192,7 @@ def plan(chosen: Sequence[str], options: dict[str, Any]) -> dict[str, Planned]:
     data files read), before any worker starts; what each analysis' runs record in the manifest."""
     import dataclasses
 
-    from headscope.analyses.protocol import get
+    from headscope.analyses import get
 
     values: dict[str, dict[str, Any]] = {name: {} for name in chosen}
     given: dict[tuple[str, str], str] = {}

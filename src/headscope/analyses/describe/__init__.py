@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from headscope import capture
-from headscope.analyses.base import Report, _detectors_for, _sections, check_context, model_batches
-from headscope.analyses.protocol import (
+from headscope.errors import InputError
+from headscope.extend.base import Report, check_context, detectors_for, model_batches, report_sections
+from headscope.extend.protocol import (
     Analysis,
     Outcome,
     Output,
@@ -25,7 +26,6 @@ from headscope.analyses.protocol import (
     register,
     split_names,
 )
-from headscope.errors import InputError
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 
@@ -220,7 +220,7 @@ class Describe(Analysis):
         check_context(loaded, options.context + extra, f"--context {options.context} (with special tokens)")
 
     def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
-        detectors = _detectors_for("text", None)
+        detectors = detectors_for("text", None)
         found, batches = describe_heads(
             loaded,
             prepared.fit_sources,
@@ -248,7 +248,7 @@ class Describe(Analysis):
         report = Report(
             loaded.name,
             table,
-            _sections(results, {"describe-eval": f"{prepared.eval_from} ({eval_texts} windows)"}),
+            report_sections(results, {"describe-eval": f"{prepared.eval_from} ({eval_texts} windows)"}),
             loaded.capture_mode,
             notes=notes,
             results=results,

@@ -14,10 +14,10 @@ import torch
 
 import headscope as hs
 from headscope import files
-from headscope.analyses.base import score_prompt_set
-from headscope.analyses.checks import Check
-from headscope.analyses.protocol import Output
 from headscope.data.prompts import load_texts
+from headscope.extend.base import score_prompt_set
+from headscope.extend.checks import Check
+from headscope.extend.protocol import Output
 
 PAIRS = {")": "(", "]": "[", "}": "{", "）": "（", "」": "「", "》": "《"}
 SAME = {'"'}  # a quote closes the last open quote of the same kind

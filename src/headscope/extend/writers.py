@@ -1,4 +1,4 @@
-"""File writers an analysis' outputs (:class:`~headscope.analyses.protocol.Output`) may name: the
+"""File writers an analysis' outputs (:class:`~headscope.extend.protocol.Output`) may name: the
 ones several analyses share (the HTML report, the role table). Each writes atomically
 (:mod:`headscope.files`) and returns what it wrote, as the text after "wrote " (None: nothing).
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from headscope import capture
-from headscope.analyses.base import ProgressFactory, RepeatSpec, model_batches, repeated_tokens
-from headscope.analyses.copyloss import CopyLossMeter
 from headscope.errors import InputError
+from headscope.extend.base import ProgressFactory, RepeatSpec, model_batches, repeated_tokens
+from headscope.extend.copyloss import CopyLossMeter
 from headscope.models import LoadedModel
 from headscope.verdicts.heads import Head, random_control
 from headscope.verdicts.roles import role_spec

@@ -115,7 +115,7 @@ def _summary(result: DetectorResult) -> str:
     return SUMMARIES.get(result.relation, result.relation)
 
 
-def _sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
+def report_sections(results: Sequence[DetectorResult], descriptions: dict[str, str]) -> list[Section]:
     return [
         Section(
             r.detector,
@@ -190,7 +190,7 @@ def model_batches(
         sequences,
         specials,
         batch_size=batch_size,
-        pad_id=_pad_id(loaded),
+        pad_id=pad_token_of(loaded),
         is_causal=loaded.is_causal,
         meta=meta,
         tokenizer=loaded.tokenizer,
@@ -220,7 +220,7 @@ def encode_texts(loaded: LoadedModel, prompt_set: PromptSet) -> tuple[list[list[
     return sequences, specials
 
 
-def _pad_id(loaded: LoadedModel) -> int:
+def pad_token_of(loaded: LoadedModel) -> int:
     tokenizer = loaded.tokenizer
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if candidate is not None:
@@ -265,16 +265,16 @@ def repeated_tokens(loaded: LoadedModel, spec: RepeatSpec) -> tuple[list[list[in
     return sequences, specials, len(prefix)
 
 
-def _detectors_for(source: str, names: Sequence[str] | None) -> list[Detector]:
+def detectors_for(source: str, names: Sequence[str] | None) -> list[Detector]:
     chosen = detectors.create(list(names) if names is not None else None)
     return [d for d in chosen if d.default_source == source]
 
 
-def _repeat_description(spec: RepeatSpec) -> str:
+def repeat_description(spec: RepeatSpec) -> str:
     return f"repeated random tokens ({spec.n_seqs} x {spec.seq_len} tokens x {spec.repeats})"
 
 
-def _prompt_set_report(
+def prompt_set_report(
     loaded: LoadedModel,
     results: list[DetectorResult],
     data_name: str,
@@ -294,7 +294,7 @@ def _prompt_set_report(
     return Report(
         loaded.name,
         table,
-        _sections(results, {data_name: description}),
+        report_sections(results, {data_name: description}),
         loaded.capture_mode,
         notes=notes + uncertainty_notes(results, n_resamples),
         results=results,
@@ -323,6 +323,6 @@ def score_prompt_set(
     from headscope.data.prompts import display_path
 
     description = f"{display_path(prompt_set.path)} ({len(sequences)} texts)"
-    return _prompt_set_report(
+    return prompt_set_report(
         loaded, results, prompt_set.name, description, [], batches, n_resamples, seed, role_rule=role_rule
     )

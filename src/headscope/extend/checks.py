@@ -37,13 +37,13 @@ class Check:
         return self.value.to_json()
 
 
-def _one_check(outcome: Outcome, kind: str) -> dict[str, Any] | None:
+def one_check(outcome: Outcome, kind: str) -> dict[str, Any] | None:
     """The JSON of the analysis' one check of ``kind`` (None when it was not run)."""
     check = next((c for c in outcome.checks if c.kind == kind), None)
     return None if check is None else check.to_json()
 
 
-def _too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
+def too_many(loaded: Any, k: int, option_name: str, what: str) -> None:
     """K heads ablated and K random heads beside them: at most half the model's heads. ``option_name``
     is the option's Python name (``verify_k``), spelled as the caller wrote it."""
     total = loaded.layout.n_layers * loaded.layout.n_heads
@@ -74,7 +74,7 @@ def check_repeat_context(loaded: Any, options: Any) -> None:
         )
 
 
-class _TableChecked(Analysis):
+class TableChecked(Analysis):
     """Analyses whose tables ``Result.verify`` checks by token-loss ablation, as ``scan --verify`` does.
 
     ``k`` heads per table: the caller's, else the options' ``verify_k``, else 3. ``verify_min_n``: the

@@ -131,7 +131,7 @@ class Outcome:
 class Output:
     """A file or folder an analysis' command writes besides ``--csv`` and ``-o`` (``--html``,
     ``--png``, ``--out``): its flag and help text, and its writer ``writer(result, path, force)``,
-    kept beside the analysis (:mod:`headscope.analyses.writers` holds the shared ones); a name
+    kept beside the analysis (:mod:`headscope.extend.writers` holds the shared ones); a name
     (``"html"``) picks a built-in's named writer (``headscope.outputs.writing.WRITERS``).
 
     ``needs`` names an option this output needs (``--json`` writes the ablation: ``ablate``); when
