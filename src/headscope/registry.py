@@ -192,11 +192,11 @@ class Registry(Mapping[str, T], Generic[T]):
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     _warn(f"{where}: {first}; left out")
                     continue
-                reserved = self.reserved(name)
-                if name in self._builtin:
-                    _warn(f"{where}: {self.kind} {name!r} collides with a built-in {self.kind}; left out")
-                elif reserved is not None:
+                reserved = self.reserved(name)  # first, as register() asks it: it says why
+                if reserved is not None:
                     _warn(f"{where}: {self.kind} {name!r}: {reserved}; left out")
+                elif name in self._builtin:
+                    _warn(f"{where}: {self.kind} {name!r} collides with a built-in {self.kind}; left out")
                 elif name in self._plugins:
                     _warn(
                         f"{where}: {self.kind} {name!r} is already defined by {self._origin[name]}; left out"
@@ -244,6 +244,68 @@ class Registry(Mapping[str, T], Generic[T]):
     def builtins(self) -> dict[str, T]:
         with self._lock:
             return dict(self._builtin)
+
+    def put(self, name: str, found: T) -> None:
+        """Keep ``found``, a declaration headscope made and checked itself (``hs.detect``'s pattern),
+        under ``name`` for this process, over an earlier run-time one of that name. What users hand
+        in goes through :meth:`register`, which checks it."""
+        with self._lock:
+            self._load()
+            self._runtime[name] = found
+
+    def view(self, keep: Callable[[T], bool]) -> View[T]:
+        """The declarations that ``keep`` admits, read live (one part of one table)."""
+        return View(self, keep)
+
+
+class View(Mapping[str, T], Generic[T]):
+    """Some of a registry's declarations (those ``keep`` admits), read live from it: one table
+    with parts, where each reader sees the part it needs. Adding, removing and asking where a
+    declaration comes from go to the registry itself, with its checks."""
+
+    def __init__(self, registry: Registry[T], keep: Callable[[T], bool]) -> None:
+        self.registry, self._keep = registry, keep
+        self.kind, self.group = registry.kind, registry.group
+
+    def _all(self) -> dict[str, T]:
+        return {name: found for name, found in self.registry._all().items() if self._keep(found)}
+
+    def __getitem__(self, name: str) -> T:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._all()
+
+    def __setitem__(self, name: str, obj: Any) -> None:
+        self.registry[name] = obj
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        del self.registry[name]
+
+    def register(self, obj: Any) -> T:
+        return self.registry.register(obj)
+
+    def unregister(self, name: str) -> None:
+        if name not in self:
+            raise InputError(f"{self.kind} {name!r} was not registered at run time")
+        self.registry.unregister(name)
+
+    def origin(self, name: str) -> str:
+        return self.registry.origin(name)
+
+    def reserved(self, name: str) -> str | None:
+        return self.registry.reserved(name)
+
+    def builtins(self) -> dict[str, T]:
+        return {name: found for name, found in self.registry.builtins().items() if self._keep(found)}
 
 
 _BY_GROUP: dict[str, Registry] = {}

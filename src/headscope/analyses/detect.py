@@ -250,9 +250,9 @@ class Detect(TableChecked):
             exclude_current_token=options.exclude_current_token,
             role=role,
         )
-        # Kept by name (replacing an earlier hs.detect of the same name) so the role map, the legends
-        # and the report find its role as they find a registered detector's; never in a scan.
-        detectors.PATTERNS[options.name] = detector
+        # Kept in the detector table by name (replacing an earlier hs.detect of the same name) so the
+        # role map, the legends and the report find its role as they find a registered detector's.
+        detectors.keep_pattern(detector)
         batches = model_batches(loaded, sequences, specials, options.batch_size)
         results = score_batches(
             loaded, batches, [detector], len(sequences), prompt_set.name, progress=progress

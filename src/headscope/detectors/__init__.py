@@ -1,13 +1,16 @@
-"""The detector registry: every head role headscope knows, keyed by name.
+"""The detector table: every head role headscope knows, keyed by name, in one registry.
 
 A new attention-pattern role is one declaration (a :class:`TargetDetector`, or a ``Detector``
 subclass with its RoleSpec) added here, by a plugin's entry point (group ``headscope.detectors``),
 or at run time by ``hs.register``; the scan, the role rule, the role map, the legends, the reports
-and ``--verify`` read everything from :data:`REGISTRY`.
+and ``--verify`` read everything from :data:`DECLARATIONS`. Each declaration says the part it plays
+(``Detector.part``): a scan's detector, a score an analysis computes itself, or an ``hs.detect``
+pattern; :data:`REGISTRY`, :data:`SCORES` and :data:`PATTERNS` are the parts, read live from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
@@ -20,7 +23,7 @@ from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
 from headscope.detectors.syntax import SyntaxDetector
 from headscope.detectors.target import PatternDetector, TargetDetector, Targets, check_name, check_source
 from headscope.errors import InputError
-from headscope.registry import RESERVED, Registry
+from headscope.registry import RESERVED, Registry, View
 
 # The scan's parts that run their own detectors on their own data (syntax(), coref(), ioi(), …).
 BUILT_IN_PARTS = ("treebank", "coref", "ioi", "retrieval")
@@ -30,7 +33,8 @@ Declaration = type[Detector] | Detector
 
 
 def _accept(obj: Any) -> Declaration:
-    """``obj`` if it declares a detector, else TypeError saying what a declaration is."""
+    """``obj`` if it declares a detector or a score, else TypeError saying what a declaration is.
+    An ``hs.detect`` pattern is kept by :func:`keep_pattern`, never by a registration."""
     if isinstance(obj, type) and issubclass(obj, Detector):
         if getattr(obj, "__abstractmethods__", None):
             raise TypeError(
@@ -39,6 +43,8 @@ def _accept(obj: Any) -> Declaration:
         for attribute in ("name", "summary"):
             if not isinstance(getattr(obj, attribute, None), str):
                 raise TypeError(f"detector class {obj.__name__} declares no {attribute}")
+        if obj.part not in ("scan", "score"):
+            raise TypeError(f"detector class {obj.__name__}: part={obj.part!r}; a class is 'scan' or 'score'")
         check_name(obj.name)
         if obj.default_source not in BUILT_IN_PARTS:  # the scan's own parts read their own sets
             check_source(obj.default_source, obj.name)
@@ -73,24 +79,27 @@ def _check_own_set(name: str, source: str) -> None:
 
 
 def label_owner(
-    label: str, registered: dict[str, Declaration] | None = None, *, pattern: str | None = None
+    label: str, registered: Mapping[str, Declaration] | None = None, *, pattern: str | None = None
 ) -> str | None:
-    """Who already gives the role label ``label`` (a registered detector, a score's table, a
-    weight-only role, an ``hs.detect`` pattern other than ``pattern``), or None: a label names one
-    role, and the role map and the legends look roles up by it."""
+    """Who already gives the role label ``label`` (a declaration of the table: a detector, a score,
+    an ``hs.detect`` pattern other than ``pattern``; or a weight-only role), or None: a label names
+    one role, and the role map and the legends look roles up by it."""
     from headscope import weighttables as weights_tables
 
-    if registered is None:
-        registered = dict(REGISTRY)
-    owners: list[tuple[str, list[RoleSpec]]] = [
-        (f"detector {name!r}", other.role_specs()) for name, other in registered.items()
-    ]
-    owners += [(f"the score {name!r}", score.role_specs()) for name, score in SCORES.items()]
-    owners += [(f"the weight-only role {name!r}", [spec]) for name, spec in weights_tables.ROLES.items()]
-    owners += [
-        (f"the hs.detect pattern {name!r}", found.role_specs())
-        for name, found in PATTERNS.items()
-        if name != pattern
+    table = DECLARATIONS if registered is None else registered
+
+    def holders(part: str, owner: str) -> list[tuple[str, list[RoleSpec]]]:
+        return [
+            (f"{owner} {name!r}", found.role_specs())
+            for name, found in table.items()
+            if found.part == part and not (part == "pattern" and name == pattern)
+        ]
+
+    owners = [
+        *holders("scan", "detector"),
+        *holders("score", "the score"),
+        *[(f"the weight-only role {name!r}", [spec]) for name, spec in weights_tables.ROLES.items()],
+        *holders("pattern", "the hs.detect pattern"),
     ]
     for owner, specs in owners:
         if any(label == taken.label for spec in specs for taken in spec.labels()):
@@ -103,9 +112,10 @@ def reserved_detector_name(name: str) -> str | None:
     score's table, or an ``hs.detect`` pattern's (its tables would find the wrong role)."""
     if name == "weights":
         return "--detectors weights names the scan's weight-only roles, not a detector"
-    if name in SCORES:
-        return f"{name!r} names the tables of the {SCORES[name].summary!r} score"
-    if name in PATTERNS:
+    found = DECLARATIONS.get(name)
+    if found is not None and found.part == "score":
+        return f"{name!r} names the tables of the {found.summary!r} score"
+    if found is not None and found.part == "pattern":
         return f"{name!r} names an hs.detect pattern of this session"
     from headscope import weighttables as weights_tables
 
@@ -116,8 +126,8 @@ def reserved_detector_name(name: str) -> str | None:
 
 def _label_taken(new: Declaration, registered: dict[str, Declaration]) -> str | None:
     """A role label names one role: the role map and the legends look roles up by it. Checked
-    against every source: built-ins, plugins, run-time declarations, scores, weight-only roles and
-    hs.detect's patterns."""
+    against every declaration of the table (built-ins, plugins, run-time declarations, scores and
+    hs.detect's patterns) and the weight-only roles."""
     for spec in new.role_specs():
         for label in spec.labels():
             owner = label_owner(label.label, registered)
@@ -126,10 +136,14 @@ def _label_taken(new: Declaration, registered: dict[str, Declaration]) -> str | 
     return None
 
 
-REGISTRY: Registry[Declaration] = Registry(
+# The one detector table: every declaration, each with the part it plays (``Detector.part``). A
+# scan runs the "scan" part; a score's tables ("score": kv-plan's long-range mass, icl's function
+# vectors) and hs.detect's patterns ("pattern") are described like roles but never run in a scan.
+# Names and role labels are unique over the whole table.
+DECLARATIONS: Registry[Declaration] = Registry(
     "detector", "headscope.detectors", _accept, lambda d: d.name, _label_taken
 )
-RESERVED[REGISTRY.group] = lambda name: reserved_detector_name(name)
+RESERVED[DECLARATIONS.group] = lambda name: reserved_detector_name(name)
 for _builtin in (
     PreviousTokenDetector,
     DuplicateTokenDetector,
@@ -139,35 +153,37 @@ for _builtin in (
     CorefDetector,
     IOIAttentionDetector,
     RetrievalDetector,
+    LongRangeDetector,
+    FunctionVectorScore,
 ):
-    REGISTRY.add_builtin(_builtin)
+    DECLARATIONS.add_builtin(_builtin)
+
+# The parts, read live from the table: what a scan can run (``--detectors``, ``hs.register``'s
+# detectors, the plugins' group), the scores, and this session's hs.detect patterns.
+REGISTRY: View[Declaration] = DECLARATIONS.view(lambda d: d.part == "scan")
+SCORES: View[Declaration] = DECLARATIONS.view(lambda d: d.part == "score")
+PATTERNS: View[Declaration] = DECLARATIONS.view(lambda d: d.part == "pattern")
 
 
-# Detectors whose scores do not come from a scan's attention maps (kv-plan's long-range mass, icl's
-# function-vector AIE): never part of a scan, but their tables are described like the roles'.
-SCORES: dict[str, type[Detector]] = {
-    LongRangeDetector.name: LongRangeDetector,
-    FunctionVectorScore.name: FunctionVectorScore,
-}
-
-
-# hs.detect's pattern detectors, by name: each belongs to the prompts its patterns were made for,
-# so it never joins the scan's registry; kept here so that its tables' role, legend and summary are
-# found (:func:`declared`). A second hs.detect of the same name replaces the first.
-PATTERNS: dict[str, PatternDetector] = {}
+def keep_pattern(detector: PatternDetector) -> None:
+    """Keep ``hs.detect``'s pattern by name for this session (replacing an earlier hs.detect of that
+    name), so that its tables' role, legend and summary are found as a detector's are; it belongs to
+    the prompts its pattern was made for, so it never runs in a scan. ``hs.detect`` checks the name
+    and the label before the model runs (:func:`reserved_detector_name`, :func:`label_owner`)."""
+    DECLARATIONS.put(detector.name, detector)
 
 
 def declared(name: str) -> Declaration | None:
-    """The declaration behind a table's ``detector`` column: the registry's, a pattern's, or a
-    score's (kv-plan's long-range mass); None for a name nobody declared."""
-    return REGISTRY.get(name) or PATTERNS.get(name) or SCORES.get(name)
+    """The declaration behind a table's ``detector`` column (a detector's, a score's, a pattern's);
+    None for a name nobody declared."""
+    return DECLARATIONS.get(name)
 
 
 def create(names: list[str] | None = None) -> list[Detector]:
     """Instantiate detectors by name (every registered one when ``names`` is None). A pattern
     detector (``hs.detect``) holds one pattern per prompt of its own, so it never runs in a scan."""
     chosen = list(REGISTRY) if names is None else names
-    own = [n for n in chosen if n in PATTERNS and n not in REGISTRY]
+    own = [n for n in chosen if n in PATTERNS]
     unknown = [n for n in chosen if n not in REGISTRY and n not in own]
     if unknown:
         raise InputError(f"unknown detector {', '.join(unknown)}", hint=f"choose from {', '.join(REGISTRY)}")
@@ -217,11 +233,13 @@ def _named(method: Any, name: str, origin: str, what: str) -> Any:
 
 
 __all__ = [
+    "DECLARATIONS",
     "REGISTRY",
     "SCORES",
     "Declaration",
     "PATTERNS",
     "declared",
+    "keep_pattern",
     "label_owner",
     "Detector",
     "DetectorResult",

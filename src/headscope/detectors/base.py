@@ -34,6 +34,10 @@ from headscope.rolespec import RoleSpec
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits", "positions"]
 Source = Literal["text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval"]
+# The part a declaration plays: run by a scan on its data; a score's tables, which an analysis
+# computes itself (kv-plan's long-range mass, icl's function vectors), described like a role but
+# never run in a scan; hs.detect's pattern, scored on the prompts it was made for.
+Part = Literal["scan", "score", "pattern"]
 
 
 @dataclass
@@ -94,10 +98,12 @@ class Detector(ABC):
     with the detector: ``role`` is the spec of every table the detector reports; ``roles`` gives
     one per relation where relations name different roles (syntax, IOI). Registering the class in
     ``headscope.detectors.REGISTRY`` is all the role map, the legends and ``--verify`` need.
+    ``part`` says what it is there for (:data:`Part`): a scan's detector unless it says otherwise.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    part: ClassVar[Part] = "scan"
     needs: ClassVar[frozenset[Need]] = frozenset({"tokens"})
     default_source: ClassVar[Source] = "text"
     baseline_kind: ClassVar[str] = "uniform"

@@ -23,6 +23,7 @@ class FunctionVectorScore(Detector):
         "clean few-shot prompts replaces its output in shuffled-label prompts (at the last token)"
     )
     baseline_kind = "zero"
+    part = "score"  # icl scores it by patching; never a scan's detector
     role = RoleSpec(
         "fv",
         "function-vector head (its mean output carries a few-shot task)",

@@ -21,6 +21,7 @@ class LongRangeDetector(Detector):
         "share of attention outside the first `sink` and the last `recent` keys, at queries past that window"
     )
     default_source = "text"
+    part = "score"  # kv-plan scores it; never a scan's detector
 
     def __init__(self, sink: int, recent: int) -> None:
         self.sink = sink

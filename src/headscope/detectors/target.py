@@ -309,6 +309,8 @@ class PatternDetector(_Declared):
     attention over each query's visible keys.
     """
 
+    part = "pattern"  # hs.detect's, on its own prompts: never a scan's detector
+
     def __init__(
         self,
         name: str,

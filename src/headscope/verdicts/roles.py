@@ -39,7 +39,7 @@ RESTING_ROLE = SINK_ROLE.label
 
 
 def role_spec(detector: str, relation: str) -> RoleSpec | None:
-    """The spec of a table's role, from the detector registry or the weights tables (None: unknown)."""
+    """The spec of a table's role, from the detector table or the weights tables (None: unknown)."""
     if detector == weights_tables.DETECTOR:
         return weights_tables.ROLES.get(relation)
     cls = detectors.declared(detector)
@@ -48,11 +48,7 @@ def role_spec(detector: str, relation: str) -> RoleSpec | None:
 
 def role_specs() -> dict[str, RoleSpec]:
     """Every role a head can be given, by label (first declared wins; descriptive tables name none)."""
-    declared = [
-        spec
-        for cls in [*detectors.REGISTRY.values(), *detectors.PATTERNS.values(), *detectors.SCORES.values()]
-        for spec in cls.role_specs()
-    ]
+    declared = [spec for cls in detectors.DECLARATIONS.values() for spec in cls.role_specs()]
     declared += list(weights_tables.ROLES.values())
     index: dict[str, RoleSpec] = {}
     for spec in declared:
