@@ -9,6 +9,7 @@ import torch
 
 import headscope as hs
 from headscope import detectors
+from headscope.detectors.functionvector import FunctionVectorScore
 from headscope.errors import InputError
 from headscope.registry import Registry, View
 from headscope.verdicts import roles
@@ -121,3 +122,29 @@ def test_a_view_reads_its_registry_live_and_writes_through_it():
     with pytest.raises(KeyError):
         del odd["four"]
     assert list(registry) == ["one", "four"] and list(odd) == ["one"]
+
+
+def test_a_plugin_under_a_scores_name_is_told_why(monkeypatch):
+    import importlib.metadata
+    import warnings
+
+    from headscope.registry import PluginWarning
+
+    class Point:
+        name, value, dist = "fv", "fake_plugin:fv", None
+
+        def load(self):
+            return hs.TargetDetector("fv", targets=previous, role=hs.RoleSpec("fv-like", "x"))
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Point()])
+    table = Registry(
+        "detector", "headscope.detectors", detectors._accept, lambda d: d.name, detectors._label_taken
+    )
+    for builtin in detectors.DECLARATIONS.builtins().values():
+        table.add_builtin(builtin)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert table["fv"] is FunctionVectorScore
+    (warning,) = [str(w.message) for w in caught if issubclass(w.category, PluginWarning)]
+    # The reason (a score's tables), not only "collides with a built-in", as hs.register says it.
+    assert "detector 'fv': 'fv' names the tables of the" in warning and warning.endswith("left out")
