@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -547,7 +547,6 @@ def answer_probs(
     correct, prob = np.zeros(n, dtype=bool), np.zeros(n)
     sequences = [p.ids for p in prompts]
     batches = model_batches(loaded, sequences, [[False] * len(s) for s in sequences], batch_size)
-    current: dict[str, Any] = {}
 
     def on_hidden(hidden: torch.Tensor, batch: capture.Batch) -> None:
         rows = torch.arange(hidden.shape[0], device=hidden.device)
@@ -566,40 +565,17 @@ def answer_probs(
         if on_writes is not None:
             on_writes(batch)
 
-    hook = None
-    if steer is not None:
-        layer, vectors = steer
-        block = anatomy.blocks(loaded.model)[layer]
-
-        def add(_module: Any, _args: Any, output: Any) -> Any:
-            hidden = output[0] if isinstance(output, tuple) else output
-            batch = current["batch"]
-            rows = torch.arange(hidden.shape[0], device=hidden.device)
-            delta = vectors[batch.example_index].to(device=hidden.device, dtype=hidden.dtype)
-            hidden = hidden.clone()
-            hidden[rows, _last(batch).to(hidden.device)] += delta
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-        hook = block.register_forward_hook(add)
-
-    def tracked() -> Iterator[capture.Batch]:
-        for batch in batches:
-            current["batch"] = batch
-            yield batch
-
-    try:
-        capture.run(
-            loaded,
-            tracked(),
-            None,
-            on_hidden=on_hidden,
-            ablation=ablation,
-            writes=writes,
-            on_batch_done=on_batch_done,
-        )
-    finally:
-        if hook is not None:
-            hook.remove()
+    edits = [capture.AddVector(steer[0], steer[1], _last)] if steer is not None else []
+    capture.run(
+        loaded,
+        batches,
+        None,
+        on_hidden=on_hidden,
+        ablation=ablation,
+        writes=writes,
+        on_batch_done=on_batch_done,
+        edits=edits,
+    )
     return correct, prob
 
 
@@ -669,7 +645,6 @@ def _patched_probs(
     rows of one batch. Patching the last position cannot change an earlier one in a causal model, so
     this is exactly a full forward pass per patched head."""
     n_heads = loaded.layout.n_heads
-    modules = _output_modules(loaded)
     device = loaded.device
     ids = torch.as_tensor(prompt.ids, device=device)[None]
     rows = len(layers) * n_heads + 1
@@ -679,22 +654,13 @@ def _patched_probs(
     out = base(input_ids=ids[:, :-1], attention_mask=torch.ones_like(ids[:, :-1]), use_cache=True)
     cache = getattr(out, name)
     cache.batch_repeat_interleave(rows)
-    handles = []
-
-    def patch(index: int, layer: int) -> Callable[..., Any]:
-        def hook(_module: Any, args: tuple) -> tuple:
-            x = args[0].clone()  # [rows, 1, H * head_dim]
-            width = x.shape[-1] // n_heads
-            mean = means[layer].to(device=x.device, dtype=x.dtype)
-            for head in range(n_heads):
-                x[index * n_heads + head, -1, head * width : (head + 1) * width] = mean[head]
-            return (x, *args[1:])
-
-        return hook
-
-    try:
-        for index, layer in enumerate(layers):
-            handles.append(modules[layer].register_forward_pre_hook(patch(index, layer)))
+    # Row index * H + head patches that head of layers[index]; the last row patches none.
+    patches = [
+        capture.PatchHeads(layer, {head: means[layer, head]}, rows=(index * n_heads + head,), position=-1)
+        for index, layer in enumerate(layers)
+        for head in range(n_heads)
+    ]
+    with capture.applied(loaded, patches):
         last = ids[:, -1:].expand(rows, 1)
         out = base(
             input_ids=last,
@@ -702,9 +668,6 @@ def _patched_probs(
             use_cache=True,
             **{name: cache},
         )
-    finally:
-        for handle in handles:
-            handle.remove()
     logits = output_logits(loaded, out.last_hidden_state[:, -1])
     return torch.softmax(logits, -1)[:, prompt.answer].double().cpu()
 

@@ -1,4 +1,5 @@
-"""Ablation hooks: replace chosen heads' outputs by zeros or by their set-wide mean."""
+"""Head ablation (an edit, :mod:`headscope.capture.edits`): chosen heads' outputs replaced by zeros or
+by their set-wide mean, inside the streaming attention function (no hook)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .batch import Batch
 
 
 @dataclass(frozen=True)
-class Ablation:
+class AblateHeads:
     """Heads whose attention output is replaced: by zeros, or by its mean over the whole set.
 
     The replacement acts on each head's output before the output projection, so it removes
@@ -46,7 +47,7 @@ class Ablation:
         pairs: Iterable[tuple[int, int]],
         mode: str = "zero",
         means: dict[tuple[int, int], torch.Tensor] | None = None,
-    ) -> Ablation:
+    ) -> AblateHeads:
         heads: dict[int, list[int]] = {}
         for layer, head in pairs:
             heads.setdefault(int(layer), []).append(int(head))
@@ -80,6 +81,10 @@ class Ablation:
                 )
             output[:, head] = mean[:length].to(device=output.device, dtype=output.dtype)
         return output
+
+
+# The name the analyses have always used.
+Ablation = AblateHeads
 
 
 class HeadOutputMeans:

@@ -26,11 +26,10 @@ of printing a number: these checks are the guard for every family not yet seen.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +41,7 @@ from headscope.models import anatomy, projections
 from . import rows
 from .batch import Batch, make_batches
 from .dla import FrozenNorm, attention_layers, residual_parts
+from .hooks import hooked
 
 log = logging.getLogger("headscope")
 
@@ -191,16 +191,6 @@ def _cloned(value: Any) -> Any:
 
 def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
-
-
-@contextlib.contextmanager
-def _hooks() -> Iterator[list[Any]]:
-    handles: list[Any] = []
-    try:
-        yield handles
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _forward(loaded: Any, batch: Batch) -> Any:
@@ -375,30 +365,23 @@ def _check_dla(loaded: Any) -> Conformance:
     frozen = {
         index: anatomy.frozen_modules(blocks[index], layer.attention) for index, layer in layers.items()
     }
-    with _hooks() as handles:
+    with hooked() as hooks:
         for index, block in enumerate(blocks):
-            handles.append(block.register_forward_pre_hook(record_in(index), with_kwargs=True))
-            handles.append(block.register_forward_hook(record_out(block_out, index)))
+            hooks.before(block, record_in(index), with_kwargs=True)
+            hooks.after(block, record_out(block_out, index))
         for index, layer in layers.items():
-            handles.append(
-                layer.output.register_forward_pre_hook(
-                    lambda _m, args, i=index: heads_in.__setitem__(i, args[0].detach().clone())
-                )
+            hooks.before(
+                layer.output, lambda _m, args, i=index: heads_in.__setitem__(i, args[0].detach().clone())
             )
-            handles.append(layer.output.register_forward_hook(record_out(projected, index)))
+            hooks.after(layer.output, record_out(projected, index))
             for number, module in enumerate(frozen[index]):
-                handles.append(
-                    module.register_forward_hook(
-                        lambda _m, _a, out, key=(index, number): frozen_out.__setitem__(key, _cloned(out))
-                    )
+                hooks.after(
+                    module, lambda _m, _a, out, key=(index, number): frozen_out.__setitem__(key, _cloned(out))
                 )
-        handles.append(
-            final_module.register_forward_pre_hook(
-                lambda _m, args, kwargs: final_in.__setitem__(
-                    "r", _hidden_arg(args, kwargs).detach().clone()
-                ),
-                with_kwargs=True,
-            )
+        hooks.before(
+            final_module,
+            lambda _m, args, kwargs: final_in.__setitem__("r", _hidden_arg(args, kwargs).detach().clone()),
+            with_kwargs=True,
         )
         clean = _forward(loaded, batch)
     logits = clean.logits.double().cpu()
@@ -420,7 +403,7 @@ def _check_dla(loaded: Any) -> Conformance:
         )
     # 2. what the attention output adds to the residual, with the block's MLP projections held fixed
     ablated: dict[int, torch.Tensor] = {}
-    with _hooks() as handles:
+    with hooked() as hooks:
         for index in layers:
             block = blocks[index]
 
@@ -429,19 +412,14 @@ def _check_dla(loaded: Any) -> Conformance:
                     return (block_in[i], *args[1:]), kwargs
                 return args, {**kwargs, "hidden_states": block_in[i]}
 
-            handles.append(block.register_forward_pre_hook(replace_input, with_kwargs=True))
-            handles.append(block.register_forward_hook(record_out(ablated, index)))
-            handles.append(
-                layers[index].output.register_forward_hook(
-                    lambda _m, _a, out: torch.zeros_like(out) if isinstance(out, torch.Tensor) else out
-                )
+            hooks.before(block, replace_input, with_kwargs=True)
+            hooks.after(block, record_out(ablated, index))
+            hooks.after(
+                layers[index].output,
+                lambda _m, _a, out: torch.zeros_like(out) if isinstance(out, torch.Tensor) else out,
             )
             for number, module in enumerate(frozen[index]):
-                handles.append(
-                    module.register_forward_hook(
-                        lambda _m, _a, _out, key=(index, number): _cloned(frozen_out[key])
-                    )
-                )
+                hooks.after(module, lambda _m, _a, _out, key=(index, number): _cloned(frozen_out[key]))
         _forward(loaded, batch)
     for index, layer in layers.items():
         bias = (
@@ -499,24 +477,21 @@ def _check_ov(loaded: Any) -> Conformance:
     block_in: dict[int, torch.Tensor] = {}
     attention_in: dict[int, torch.Tensor] = {}
     projected: dict[int, torch.Tensor] = {}
-    with _hooks() as handles:
+    with hooked() as hooks:
         for index, layer in layers.items():
-            handles.append(
-                layer.block.register_forward_pre_hook(
-                    lambda _m, a, k, i=index: block_in.__setitem__(i, _hidden_arg(a, k).detach().clone()),
-                    with_kwargs=True,
-                )
+            hooks.before(
+                layer.block,
+                lambda _m, a, k, i=index: block_in.__setitem__(i, _hidden_arg(a, k).detach().clone()),
+                with_kwargs=True,
             )
-            handles.append(
-                layer.attention.register_forward_pre_hook(
-                    lambda _m, a, k, i=index: attention_in.__setitem__(i, _hidden_arg(a, k).detach().clone()),
-                    with_kwargs=True,
-                )
+            hooks.before(
+                layer.attention,
+                lambda _m, a, k, i=index: attention_in.__setitem__(i, _hidden_arg(a, k).detach().clone()),
+                with_kwargs=True,
             )
-            handles.append(
-                layer.output.register_forward_hook(
-                    lambda _m, _a, out, i=index: projected.__setitem__(i, _first(out).detach().clone())
-                )
+            hooks.after(
+                layer.output,
+                lambda _m, _a, out, i=index: projected.__setitem__(i, _first(out).detach().clone()),
             )
         # Each head's weight on the one key: 1, but for attention sinks (GPT-OSS), which take a share.
         weight_on_self: dict[int, torch.Tensor] = {}

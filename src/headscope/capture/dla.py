@@ -31,6 +31,7 @@ from headscope.errors import RunFailure
 from headscope.models import anatomy, projections
 
 from .batch import Batch
+from .hooks import hooked
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,6 @@ class HeadWrites:
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
         """While active, the heads' outputs and the final norm's input at the chosen positions are recorded."""
-        handles = []
 
         def heads_hook(layer: int) -> Callable[..., None]:
             def hook(_module: Any, args: tuple) -> None:
@@ -273,15 +273,12 @@ class HeadWrites:
             self.final_residual = residual
             self.final_scale = self.final.scale(residual)
 
-        try:
+        with hooked() as hooks:
             for layer, module in self.outputs.items():
-                handles.append(module.register_forward_pre_hook(heads_hook(layer)))
+                hooks.before(module, heads_hook(layer))
             if self._final_module is not None:
-                handles.append(self._final_module.register_forward_pre_hook(final_hook, with_kwargs=True))
+                hooks.before(self._final_module, final_hook, with_kwargs=True)
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def finish(self) -> None:
         """Divide by the final norm's statistic, once the forward pass has reached it."""

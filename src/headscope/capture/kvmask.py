@@ -3,7 +3,7 @@
 DuoAttention (Xiao et al., ICLR 2025) serves "streaming" heads from a constant-size cache: the
 first ``sink`` tokens and the last ``recent`` ones. Its mask (``generate_streaming_mask`` in
 mit-han-lab/duo-attention) lets query q see key k when k <= q and (k < sink or q - k < recent).
-:class:`StreamingHeads` applies exactly that mask to every query head that reads a chosen KV head,
+:class:`StreamHeads` (an edit, :mod:`headscope.capture.edits`) applies exactly that mask to every query head that reads a chosen KV head,
 inside headscope's own attention function (:func:`headscope.capture.stream.streaming_attention`);
 every other head keeps the model's own mask. Positions count real tokens only, so a padded row is
 masked as it would be alone. The cache is not compressed: the result is what the compressed cache
@@ -21,7 +21,7 @@ from .batch import Batch
 
 
 @dataclass(frozen=True)
-class StreamingHeads:
+class StreamHeads:
     """KV heads that see only the first ``sink`` and the last ``recent`` keys (the query included)."""
 
     kv_heads: dict[int, tuple[int, ...]]  # layer -> KV heads
@@ -35,7 +35,7 @@ class StreamingHeads:
             )
 
     @classmethod
-    def of(cls, pairs: Iterable[tuple[int, int]], sink: int, recent: int) -> StreamingHeads:
+    def of(cls, pairs: Iterable[tuple[int, int]], sink: int, recent: int) -> StreamHeads:
         """From (layer, KV head) pairs."""
         heads: dict[int, set[int]] = {}
         for layer, kv in pairs:
@@ -72,3 +72,7 @@ class StreamingHeads:
         for kv in kvs:
             reads[kv * group : (kv + 1) * group] = True
         return far[:, None] & reads[None, :, None, None]
+
+
+# The name kv-plan has always used.
+StreamingHeads = StreamHeads

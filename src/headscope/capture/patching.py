@@ -15,6 +15,7 @@ block on a changed residual stream and hands its attention weights to a callback
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
 from .dla import HeadWrites
+from .hooks import hooked
 from .stream import LayerCallback, _sink, model_inputs, prepared, stopping_after
 
 
@@ -55,20 +57,19 @@ def record_block_inputs(
     wanted = sorted(set(layers))
     blocks = model_blocks(loaded.model)
     saved: dict[int, tuple[torch.Tensor, tuple, dict]] = {}
-    handles = []
-    for layer in wanted:
 
-        def pre(_module: Any, args: tuple, kwargs: dict, layer: int = layer) -> None:
-            if args:
-                saved[layer] = (args[0].detach().clone(), args[1:], dict(kwargs))
-            else:
-                rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-                saved[layer] = (kwargs["hidden_states"].detach().clone(), (), rest)
+    def pre(_module: Any, args: tuple, kwargs: dict, layer: int) -> None:
+        if args:
+            saved[layer] = (args[0].detach().clone(), args[1:], dict(kwargs))
+        else:
+            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            saved[layer] = (kwargs["hidden_states"].detach().clone(), (), rest)
 
-        handles.append(blocks[layer].register_forward_pre_hook(pre, with_kwargs=True))
     on_device = batch.to(loaded.device)
     inputs = model_inputs(loaded, on_device)
-    try:
+    with hooked() as hooks:
+        for layer in wanted:
+            hooks.before(blocks[layer], functools.partial(pre, layer=layer), with_kwargs=True)
         if writes is not None:
             writes.begin(on_device)
         with (
@@ -83,9 +84,6 @@ def record_block_inputs(
                 stopped(loaded.base, inputs)
         if writes is not None:
             writes.finish()
-    finally:
-        for handle in handles:
-            handle.remove()
     missing = [layer for layer in wanted if layer not in saved or layer not in sink.kv]
     if missing:
         raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")

@@ -26,6 +26,8 @@ from .ablation import Ablation, HeadOutputMeans
 from .batch import Batch, mask_open
 from .borrow import borrowed, use_attention
 from .dla import HeadWrites, attention_layers
+from .edits import Edit, applied
+from .hooks import hooked
 from .kvmask import StreamingHeads
 from .rows import Reads
 
@@ -643,13 +645,9 @@ def stopping_after(loaded: Any, last: int | None) -> Iterator[Callable[[Any, dic
     from headscope.models.anatomy import blocks
 
     stages = blocks(loaded.model) if last is not None else []
-    handle = None
-    if last is not None and last + 1 < len(stages):
 
-        def stop(*_: Any) -> None:
-            raise _Stop
-
-        handle = stages[last + 1].register_forward_pre_hook(stop)
+    def stop(*_: Any) -> None:
+        raise _Stop
 
     def call(module: Any, inputs: dict[str, Any]) -> Any:
         try:
@@ -657,11 +655,41 @@ def stopping_after(loaded: Any, last: int | None) -> Iterator[Callable[[Any, dic
         except _Stop:
             return None
 
-    try:
+    with hooked() as hooks:
+        if last is not None and last + 1 < len(stages):
+            hooks.before(stages[last + 1], stop)
         yield call
-    finally:
-        if handle is not None:
-            handle.remove()
+
+
+def block_outputs(
+    loaded: Any, batches: Iterable[Batch], layer: int, on_output: Callable[[torch.Tensor, Batch], None]
+) -> None:
+    """``on_output(hidden, batch)`` gets each batch's residual stream after block ``layer``
+    (``[B, T, D]``, what the block returned), and the pass ends there: nothing after the block runs."""
+    from headscope.models.anatomy import blocks
+
+    block = blocks(loaded.model)[layer]
+    caught: dict[str, torch.Tensor] = {}
+
+    def catch(_module: Any, _args: Any, output: Any) -> None:
+        caught["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
+        raise _Stop
+
+    with hooked() as hooks:
+        hooks.after(block, catch)
+        for batch in batches:
+            on_device = batch.to(loaded.device)
+            inputs = model_inputs(loaded, on_device)
+            with (
+                borrowed(loaded),
+                torch.inference_mode(),
+                _sink(None, on_device),
+                contextlib.suppress(_Stop),
+            ):
+                loaded.base(**inputs)
+            if "hidden" not in caught:
+                raise RunFailure(f"block {layer} never ran; cannot read the residual stream after it")
+            on_output(caught.pop("hidden"), on_device)
 
 
 def run(
@@ -680,6 +708,7 @@ def run(
     on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
     stop_after: int | None = None,
     streaming: StreamingHeads | None = None,
+    edits: Iterable[Edit | None] = (),
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -697,8 +726,9 @@ def run(
     states ``[B, T, D]`` (after the final norm), for logits at a few positions.
     ``stop_after`` (streaming capture only) ends each forward pass once block ``stop_after`` has
     run: for callers that need only the layers up to it (path patching's senders).
-    ``streaming`` (streaming capture only) masks chosen KV heads to a sink and a recent window
-    (:class:`~headscope.capture.kvmask.StreamingHeads`).
+    ``edits`` changes the model for the pass (:mod:`headscope.capture.edits`: ablate heads, stream
+    KV heads, patch heads' outputs, add a vector after a block); ``ablation`` and ``streaming`` are
+    the same as an :class:`AblateHeads` or a :class:`StreamHeads` among the edits.
     ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
     None: every row): only those get exact weights and reach ``on_layer``, every other row runs
     through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
@@ -707,10 +737,9 @@ def run(
     pairs, from the fused kernel's log-sum-exp (where a layer cannot, its pairs' rows are computed
     exactly and go to ``on_layer`` instead).
     """
-    if (ablation is not None or recorder is not None) and loaded.capture_mode != "stream":
+    if recorder is not None and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
-    if streaming is not None and loaded.capture_mode != "stream":
-        raise RunFailure("streaming KV heads need streaming capture", hint="drop --capture eager")
+    listed = [*edits, ablation, streaming]
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
@@ -723,9 +752,15 @@ def run(
     n_layers = len(layers)
     book = ledger.active()
     share = n_layers / max(1, len(attention_layers(loaded)))
-    with borrowed(loaded), torch.inference_mode(), stopping_after(loaded, stop_after) as stopped:
+    with (
+        borrowed(loaded),
+        torch.inference_mode(),
+        stopping_after(loaded, stop_after) as stopped,
+        applied(loaded, listed) as live,
+    ):
         for batch in batches:
             on_device = batch.to(device)
+            live.batch = on_device
             inputs = model_inputs(loaded, on_device)
             if book is not None:
                 book.note(*on_device.input_ids.shape, share)
@@ -734,7 +769,14 @@ def run(
             with writes.hooked() if writes is not None else contextlib.nullcontext():
                 if loaded.capture_mode == "stream":
                     with _sink(
-                        on_layer, on_device, ablation, on_layer_done, recorder, streaming, reads, on_pairs
+                        on_layer,
+                        on_device,
+                        live.ablation,
+                        on_layer_done,
+                        recorder,
+                        live.streaming,
+                        reads,
+                        on_pairs,
                     ) as sink:
                         out = stopped(module, inputs)
                     if sink.calls != n_layers:

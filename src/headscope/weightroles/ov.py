@@ -22,7 +22,6 @@ TransformerLens' ``OV`` circuits.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,7 +151,7 @@ class Circuits:
 
     def _after_block0(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The residual after block 0 for each token alone in its sequence (it attends to itself)."""
-        from headscope.capture.stream import _sink, model_inputs, prepared
+        from headscope.capture import block_outputs
 
         loaded = self.loaded
         rows = [[int(i)] for i in ids.tolist()]
@@ -160,32 +159,11 @@ class Circuits:
             rows, [[False]] * len(rows), batch_size=batch_size, pad_id=0, is_causal=loaded.is_causal
         )
         out = torch.empty(len(rows), self.layout.d_model)
-        caught: dict[str, torch.Tensor] = {}
 
-        class _Stop(Exception):
-            pass
+        def keep(hidden: torch.Tensor, batch: Any) -> None:
+            out[batch.example_index.cpu()] = hidden[:, 0].float().cpu()
 
-        def hook(_module: Any, _args: Any, output: Any) -> None:
-            caught["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
-            raise _Stop
-
-        handle = self.blocks[0].register_forward_hook(hook)
-        try:
-            for batch in batches:
-                on_device = batch.to(loaded.device)
-                inputs = model_inputs(loaded, on_device)
-                with (
-                    prepared(loaded),
-                    torch.inference_mode(),
-                    _sink(None, on_device),
-                    contextlib.suppress(_Stop),
-                ):
-                    loaded.base(**inputs)
-                if "hidden" not in caught:
-                    raise RunFailure("block 0 never ran; cannot read the effective embeddings")
-                out[torch.as_tensor(batch.example_index)] = caught.pop("hidden")[:, 0].float().cpu()
-        finally:
-            handle.remove()
+        block_outputs(loaded, batches, 0, keep)
         return out
 
     def layer_inputs(

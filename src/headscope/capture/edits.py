@@ -1,0 +1,184 @@
+"""What a forward pass changes in the model: the edits, one small declared kind each.
+
+A pass is declared as what it reads (attention rows or pairs, per-head writes, hidden states, token
+losses: the keywords of :func:`headscope.capture.run`) and what it edits, a list of these:
+
+* :class:`AblateHeads`: chosen heads' outputs replaced by zeros or by their set-wide mean;
+* :class:`StreamHeads`: chosen KV heads see only an attention sink and a recent window;
+* :class:`PatchHeads`: a head's output (the output projection's input) replaced by a given vector,
+  at one position, in chosen rows (the function-vector heads' mean-patching);
+* :class:`AddVector`: a vector added to the residual stream after a block, at one position per row
+  (the function vector's test).
+
+The first two act inside headscope's streaming attention function, so they need streaming capture
+and install no hook; the other two are forward hooks. :func:`applied` is the one way to put a list
+of edits on a model: ``capture.run(..., edits=[...])`` uses it, and so can a caller that runs the
+model itself (a cached decoding step). Its hooks go through :func:`headscope.capture.hooks.hooked`
+and are removed in ``finally``, also when the pass raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headscope.errors import RunFailure
+from headscope.models import anatomy, projections
+
+from .ablation import AblateHeads
+from .batch import Batch
+from .hooks import Hooks, hooked
+from .kvmask import StreamHeads
+
+PositionsOf = Callable[[Batch], torch.Tensor]  # [B] one position per row
+
+
+@dataclass(frozen=True)
+class PatchHeads:
+    """Heads of block ``layer`` whose output is replaced by a given vector.
+
+    ``values`` maps a query head to its replacement ``[head_dim]``: the head's slice of the output
+    projection's input, so the head's whole contribution to the residual stream becomes that of the
+    vector. Only sequence position ``position`` is patched (negative: from the end, as in a one-token
+    decoding step), and only the batch rows ``rows`` (None: every row), so one batch can patch a
+    different head in each row.
+    """
+
+    layer: int
+    values: dict[int, torch.Tensor] = field(repr=False)  # head -> [head_dim]
+    rows: tuple[int, ...] | None = None
+    position: int = -1
+
+    def patch(self, x: torch.Tensor, n_heads: int) -> None:
+        """Write the values into ``x`` ``[B, T, H * head_dim]`` (already a copy)."""
+        width = x.shape[-1] // n_heads
+        rows = slice(None) if self.rows is None else list(self.rows)
+        for head, value in self.values.items():
+            x[rows, self.position, head * width : (head + 1) * width] = value.to(
+                device=x.device, dtype=x.dtype
+            )
+
+
+@dataclass(frozen=True)
+class AddVector:
+    """A vector added to the residual stream after block ``layer``, at ``positions(batch)`` (one
+    position per row).
+
+    ``vectors`` is ``[D]`` (every row gets it) or ``[N, D]`` (the row of data-set example i gets
+    ``vectors[i]``, through ``batch.example_index``). It needs the pass's batch: run it through
+    :func:`headscope.capture.run`, which tells :func:`applied` each batch.
+    """
+
+    layer: int
+    vectors: torch.Tensor = field(repr=False)
+    positions: PositionsOf = field(repr=False)
+
+    def add(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``hidden`` ``[B, T, D]`` plus the vectors at the positions (a new tensor)."""
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        vectors = self.vectors
+        if vectors.dim() == 2:
+            vectors = vectors[batch.example_index.to(vectors.device)]
+        delta = vectors.to(device=hidden.device, dtype=hidden.dtype)
+        hidden = hidden.clone()
+        hidden[rows, self.positions(batch).to(hidden.device)] += delta
+        return hidden
+
+
+Edit = AblateHeads | StreamHeads | PatchHeads | AddVector
+KINDS: tuple[type, ...] = (AblateHeads, StreamHeads, PatchHeads, AddVector)
+
+
+class Applied:
+    """The edits of one :func:`applied` block. The attention function reads ``ablation`` and
+    ``streaming``; the hooks read ``batch``, which the pass sets before each forward."""
+
+    def __init__(self, ablation: AblateHeads | None, streaming: StreamHeads | None) -> None:
+        self.ablation = ablation
+        self.streaming = streaming
+        self.batch: Batch | None = None
+
+
+def _one(edits: Sequence[Edit], kind: type) -> Any:
+    found = [e for e in edits if isinstance(e, kind)]
+    if len(found) > 1:
+        raise ValueError(f"one {kind.__name__} per pass, got {len(found)}: merge their heads into one")
+    return found[0] if found else None
+
+
+def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
+    listed = [e for e in edits if e is not None]
+    for edit in listed:
+        if not isinstance(edit, KINDS):
+            names = ", ".join(k.__name__ for k in KINDS)
+            raise TypeError(f"not an edit: {edit!r} (the edits are {names})")
+    sink_side = [e for e in listed if isinstance(e, (AblateHeads, StreamHeads))]
+    if sink_side and loaded.capture_mode != "stream":
+        what = "head ablation needs" if isinstance(sink_side[0], AblateHeads) else "streaming KV heads need"
+        raise RunFailure(f"{what} streaming capture", hint="drop --capture eager")
+    blocks = len(anatomy.blocks(loaded.model))
+    for edit in listed:
+        if isinstance(edit, (PatchHeads, AddVector)) and not 0 <= edit.layer < blocks:
+            raise ValueError(f"{type(edit).__name__}: layer {edit.layer} is not a block (0..{blocks - 1})")
+    return listed
+
+
+def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) -> None:
+    blocks = anatomy.blocks(loaded.model)
+    n_heads = loaded.layout.n_heads
+    patches: dict[int, list[PatchHeads]] = {}
+    for edit in edits:
+        if isinstance(edit, PatchHeads):
+            patches.setdefault(edit.layer, []).append(edit)
+    for layer, chosen in patches.items():
+        module = projections.output_module(projections.attention_module(blocks[layer]))
+
+        def patch(_module: Any, args: tuple, chosen: list[PatchHeads] = chosen) -> tuple:
+            x = args[0].clone()  # [B, T, H * head_dim]
+            for edit in chosen:
+                edit.patch(x, n_heads)
+            return (x, *args[1:])
+
+        hooks.before(module, patch)
+    for edit in edits:
+        if isinstance(edit, AddVector):
+
+            def add(_module: Any, _args: Any, output: Any, edit: AddVector = edit) -> Any:
+                if live.batch is None:
+                    raise RunFailure("AddVector needs the pass's batch: run it through capture.run")
+                hidden = output[0] if isinstance(output, tuple) else output
+                hidden = edit.add(hidden, live.batch)
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+            hooks.after(blocks[edit.layer], add)
+
+
+@contextlib.contextmanager
+def applied(loaded: Any, edits: Iterable[Edit | None]) -> Iterator[Applied]:
+    """Put ``edits`` on ``loaded``'s model for the length of the block (None entries are skipped).
+
+    Checked before any hook goes on: a known kind, a real block, at most one :class:`AblateHeads`
+    and one :class:`StreamHeads`, and streaming capture for those two. Every hook is removed in
+    ``finally``, whatever the pass inside did.
+    """
+    listed = _checked(loaded, edits)
+    live = Applied(_one(listed, AblateHeads), _one(listed, StreamHeads))
+    with hooked() as hooks:
+        _install(loaded, listed, live, hooks)
+        yield live
+
+
+__all__ = [
+    "AblateHeads",
+    "AddVector",
+    "Applied",
+    "Edit",
+    "KINDS",
+    "PatchHeads",
+    "StreamHeads",
+    "applied",
+]
