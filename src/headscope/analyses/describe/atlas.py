@@ -12,6 +12,14 @@ reading of "accounts for"), ``left`` (1 − explained), ``components`` (``templa
 ``query_class``, and ``param`` where the template has one), ``dominant``, ``dominant_kind``,
 ``conditioned``, ``roles`` and ``contexts`` (its top-activating evaluation windows: the strongest
 key, off the first token, of its strongest queries).
+
+Optional fields (added within ``headscope-atlas/1``: readers that do not know them lose nothing):
+per head ``writes`` (what its OV circuit writes, from the weights alone: ``promotes`` and
+``suppresses`` as ``{token, id, logit}``, ``copying`` and ``suppression``; or ``reason``, one line,
+where ``headscope weights`` refuses the model) and ``matters`` (with ``--ablate``: ``loss_increase``
+``{value, ci_low, ci_high}`` in nats per token on the evaluation windows, ``random_layer``,
+``random_heads``, ``rank_in_layer`` where every head of its layer was ablated); at the top,
+``writes`` and ``ablation`` (how each was measured). See :mod:`.card`.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ class Atlas:
     evaluation: dict[str, Any]
     covered: float | None = None
     notes: list[str] = field(default_factory=list)
+    writes: dict[str, Any] | None = None  # how the heads' writes were read (see .card)
+    ablation: dict[str, Any] | None = None  # how the heads were ablated (--ablate; see .card)
 
     def by_layer(self) -> dict[str, dict[str, int]]:
         """Per layer, how many heads have each dominant kind (the division of labour)."""
@@ -107,6 +117,8 @@ class Atlas:
             "by_layer": self.by_layer(),
             "heads": self.heads,
             "notes": self.notes,
+            **({"writes": self.writes} if self.writes is not None else {}),
+            **({"ablation": self.ablation} if self.ablation is not None else {}),
         }
 
     @classmethod
@@ -123,6 +135,8 @@ class Atlas:
             evaluation=data.get("evaluation", {}),
             covered=data.get("covered"),
             notes=list(data.get("notes", [])),
+            writes=data.get("writes"),
+            ablation=data.get("ablation"),
         )
 
 
@@ -423,6 +437,48 @@ def json_schema() -> dict[str, Any]:
             "between": {"type": "string"},
         },
     }
+    token = {
+        "type": "object",
+        "required": ["token", "id", "logit"],
+        "properties": {
+            "token": {"type": "string", "description": "the token, decoded"},
+            "id": {"type": "integer", "minimum": 0},
+            "logit": {
+                "type": "number",
+                "description": "in the head's mean write, centred over the vocabulary",
+            },
+        },
+    }
+    share = {"type": "number", "minimum": 0, "maximum": 1}
+    writes = {
+        "type": "object",
+        "description": "what the head's OV circuit writes, from the weights alone; or why it was not read",
+        "oneOf": [
+            {"required": ["reason"], "properties": {"reason": {"type": "string"}}},
+            {"required": ["promotes", "suppresses", "copying", "suppression"]},
+        ],
+        "properties": {
+            "promotes": {"type": "array", "items": token},
+            "suppresses": {"type": "array", "items": token},
+            "copying": share,
+            "suppression": share,
+            "reason": {"type": "string"},
+        },
+    }
+    matters = {
+        "type": "object",
+        "description": "mean ablation of this head alone on the evaluation windows (--ablate)",
+        "required": ["loss_increase", "random_layer", "random_heads"],
+        "properties": {
+            "loss_increase": _estimate_schema("ablated minus clean next-token loss, nats per token"),
+            "random_layer": {"type": ["number", "null"]},
+            "random_heads": {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+            },
+            "rank_in_layer": {"type": "integer", "minimum": 1},
+        },
+    }
     head = {
         "type": "object",
         "required": [
@@ -468,6 +524,8 @@ def json_schema() -> dict[str, Any]:
                     },
                 },
             },
+            "writes": writes,
+            "matters": matters,
         },
     }
     return {
@@ -520,6 +578,29 @@ def json_schema() -> dict[str, Any]:
             },
             "heads": {"type": "array", "items": head},
             "notes": {"type": "array", "items": {"type": "string"}},
+            "writes": {
+                "type": "object",
+                "required": ["tokens", "k", "embedding", "seed", "reason"],
+                "properties": {
+                    "tokens": {"type": ["integer", "null"]},
+                    "k": {"type": "integer"},
+                    "embedding": {"type": "string"},
+                    "seed": {"type": "integer"},
+                    "reason": {"type": ["string", "null"]},
+                    "seconds": {"type": "number"},
+                },
+            },
+            "ablation": {
+                "type": "object",
+                "required": ["mode", "heads", "windows", "tokens", "clean_loss"],
+                "properties": {
+                    "mode": {"enum": ["mean"]},
+                    "heads": {"type": "integer"},
+                    "windows": {"type": "integer"},
+                    "tokens": {"type": "integer"},
+                    "clean_loss": {"type": "number"},
+                },
+            },
         },
     }
 

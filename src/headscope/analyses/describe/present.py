@@ -13,6 +13,7 @@ from rich.table import Table
 from headscope import files
 
 from .atlas import KINDS, Atlas, describe_components
+from .card import matters_line, writes_line
 
 
 def _ci(entry: dict[str, Any]) -> str:
@@ -54,9 +55,13 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
             soft_wrap=True,
             highlight=False,
         )
+    for line in card_notes(atlas):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     console.print(
         "each head: explained share [95% CI] on evaluation text, its share off the first token, its "
-        "attention on the first token, then its description (weights sum to 1) and roles",
+        "attention on the first token, then its description (weights sum to 1) and roles"
+        + ("; below it, what it writes" if _writes_read(atlas) else "")
+        + ("; and what ablating it costs" if atlas.ablation else ""),
         soft_wrap=True,
     )
     for head in atlas.heads:
@@ -69,6 +74,37 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
             highlight=False,
             markup=False,
         )
+        extra = [writes_line(head) if _writes_read(atlas) else None, matters_line(head)]
+        for line in filter(None, extra):
+            console.print(f"       {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def _writes_read(atlas: Atlas) -> bool:
+    return bool(atlas.writes) and not atlas.writes.get("reason")
+
+
+def card_notes(atlas: Atlas) -> list[str]:
+    """How the writes and the ablation were measured, once for every card (or why the writes were not read)."""
+    out = []
+    writes = atlas.writes
+    if writes and writes.get("reason"):
+        out.append(f"what each head writes: not read: {writes['reason']}")
+    elif writes:
+        out.append(
+            f"what each head writes: its OV circuit from the weights alone, as headscope weights reads it "
+            f"({writes['tokens']} sampled tokens, seed {writes['seed']}, {writes['embedding']} embedding): the "
+            f"tokens its mean write promotes and suppresses, and how often a token's own logit is in its "
+            f"top {writes['k']} (copies) or bottom {writes['k']}"
+        )
+    ablation = atlas.ablation
+    if ablation:
+        out.append(
+            f"whether it matters: {ablation['heads']} heads ({ablation['chosen']}) mean-ablated one at a time "
+            f"on the {ablation['windows']} evaluation windows ({ablation['tokens']} tokens; clean loss "
+            f"{ablation['clean_loss']:.4f} nats/token), against {ablation['controls']}; "
+            f"{ablation['interval']}"
+        )
+    return out
 
 
 def _card(head: dict[str, Any]) -> str:
@@ -94,9 +130,16 @@ def _card(head: dict[str, Any]) -> str:
         f"{bar}<p>explains {_ci(explained)} of its attention on evaluation text and leaves {head['left']:.2f}; "
         f"off the first token {_ci(head['explained_off_first'])}; on the first token {head['first_token']:.2f}. "
         f"Roles: {esc(', '.join(head['roles']) or 'none')}.</p>"
-        f"<details><summary>top contexts (strongest key, off the first token, of its strongest queries)</summary>"
+        + "".join(f"<p class=card-{cls}>{esc(line)}</p>" for cls, line in _card_lines(head))
+        + f"<details><summary>top contexts (strongest key, off the first token, of its strongest queries)</summary>"
         f"{''.join(rows)}</details></section>"
     )
+
+
+def _card_lines(head: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's lines on what the head writes (or why that was not read) and whether it matters."""
+    lines = [("writes", writes_line(head)), ("matters", matters_line(head))]
+    return [(cls, line) for cls, line in lines if line]
 
 
 STYLE = """
@@ -118,7 +161,8 @@ def atlas_html(atlas: Atlas) -> str:
     )
     return (
         f"<section class=describe><h2>Every head described</h2><p>{html.escape(summary_line(atlas))}</p>"
-        f"<table><tr><th>layer</th>{header}</tr>{body}</table>"
+        + "".join(f"<p>{html.escape(line)}</p>" for line in card_notes(atlas))
+        + f"<table><tr><th>layer</th>{header}</tr>{body}</table>"
         + "".join(_card(head) for head in atlas.heads)
         + "</section>"
     )
