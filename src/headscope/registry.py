@@ -84,8 +84,12 @@ class Registry(Mapping[str, T], Generic[T]):
         accept: Callable[[Any], T],
         name_of: Callable[[T], str],
         clash: Callable[[T, dict[str, T]], str | None] | None = None,
+        builtins_from: str | None = None,
     ) -> None:
         self.kind, self.group = kind, group
+        # The module whose import registers the built-ins (``headscope.analyses``): imported on the
+        # first read, before the plugins, so a reader never sees the registry without them.
+        self._builtins_from = builtins_from
         self._accept, self._name_of = accept, name_of
         # clash(new, registered) -> why ``new`` cannot sit beside the others (a role label taken), or None.
         self._clash = clash or (lambda new, registered: None)
@@ -168,6 +172,10 @@ class Registry(Mapping[str, T], Generic[T]):
             if self._loaded:
                 return
             self._loaded = True
+            if self._builtins_from is not None:
+                import importlib
+
+                importlib.import_module(self._builtins_from)
             self._load_plugins()
 
     def _load_plugins(self) -> None:
@@ -243,6 +251,8 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def builtins(self) -> dict[str, T]:
         with self._lock:
+            if self._builtins_from is not None:
+                self._load()
             return dict(self._builtin)
 
     def put(self, name: str, found: T) -> None:

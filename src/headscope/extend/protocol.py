@@ -405,7 +405,9 @@ def _accept(obj: Any) -> Analysis:
 
 # Built-ins register with @register; plugins by entry point (group headscope.analyses); a notebook
 # with hs.register. The API (hs.<name>), the CLI (headscope <name>) and the sweep read this.
-ANALYSES: Registry[Analysis] = Registry("analysis", "headscope.analyses", _accept, lambda a: a.name)
+ANALYSES: Registry[Analysis] = Registry(
+    "analysis", "headscope.analyses", _accept, lambda a: a.name, builtins_from="headscope.analyses"
+)
 
 
 def register(cls: type[Analysis]) -> type[Analysis]:
