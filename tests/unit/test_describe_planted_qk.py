@@ -321,7 +321,7 @@ def test_hs_describe_recovers_the_positional_heads_end_to_end(planted, tmp_path)
         "\n\n".join(source(f"e{i}", 2 * CONTEXT, 200 + i).text for i in range(3)), encoding="utf-8"
     )
     result = hs.describe(
-        model, tokenizer, context=CONTEXT, lang="en", eval_text=path, windows=8, resamples=200, writes=False
+        model, tokenizer, context=CONTEXT, lang="en", eval_text=path, windows=8, resamples=200
     )
     assert model.config._attn_implementation == "eager"
     found = result.atlas
