@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import html as _html
 import json
-import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,14 @@ import numpy as np
 import pandas as pd
 
 from headscope.errors import InputError, RunFailure
+from headscope.outputs.schema import (  # noqa: F401 (the schema's names, importable from here too)
+    HINT,
+    MAX_HEADS,
+    RESULT_FORMAT,
+    RESULT_SCHEMA,
+    check_result,
+)
+from headscope.outputs.schema import elide as _elide
 from headscope.verdicts.results import CSV_COLUMNS
 from headscope.verdicts.roles import ROLES_CSV_COLUMNS
 
@@ -85,7 +91,7 @@ class Result:
     def layout(self) -> dict[str, Any] | None:
         """layers, heads, kv_heads, … as in the JSON's ``layout``."""
         if self.report is not None and self.report.layout is not None:
-            from headscope.outputs.report import layout_json
+            from headscope.outputs.schema import layout_json
 
             return layout_json(self.report.layout)
         return None if self._saved is None else self._saved.get("layout")
@@ -262,7 +268,7 @@ class Result:
         if self._outcome is None:
             return dict(self._saved or {})
         from headscope.analyses import get
-        from headscope.outputs.report import jsonable, report_json, roles_records
+        from headscope.outputs.schema import jsonable, report_json, roles_records
 
         analysis = get(self.analysis)
         extra: dict[str, Any] = {}
@@ -312,7 +318,7 @@ class Result:
             try:
                 saved = load_result(source, run)
             except RecursionError:
-                raise InputError(f"{_elide(str(source), 240)}: JSON nested too deeply", hint=_HINT) from None
+                raise InputError(f"{_elide(str(source), 240)}: JSON nested too deeply", hint=HINT) from None
             except ValueError as exc:  # json's own limits (an integer of thousands of digits)
                 raise InputError(
                     f"{_elide(str(source), 240)}: not valid JSON ({_elide(str(exc), 100)})"
@@ -429,406 +435,6 @@ class Result:
             f"<headscope.Result {self.analysis} of {self.model}: {shape}, {n_tables} tables, "
             f"{len(working)} heads with a role{f' ({counts})' if counts else ''}; "
             f"{checks} check{'s' if checks != 1 else ''}{'' if self._loaded is not None or self._saved is None else '; from JSON'}>"
-        )
-
-
-# --- the saved result's schema ----------------------------------------------------------------------
-#
-# One schema for the result JSON (``to_json``, ``--format json``, a sweep store's run), checked when
-# it is read so that a malformed document ends in one line naming the JSON path, never deep inside
-# pandas or the report. jsonschema is not a dependency of headscope (it only comes with the dev
-# tools), so the schema is written here as small field specs, in the style of ``html.check_data``.
-
-RESULT_SCHEMA = "headscope-result/1"
-RESULT_FORMAT = 1
-# More heads than any model has: a layout beyond this is a damaged file, not a model to draw.
-MAX_HEADS = 1_000_000
-_SHORT = 60
-_UPGRADE = "upgrade headscope to read it: pip install -U headscope"
-_HINT = "give the file as headscope wrote it (--format json), or rerun the analysis"
-
-
-def _elide(text: str, limit: int = _SHORT) -> str:
-    """``text`` cut to ``limit`` characters, saying how long it was, so a message stays one short line."""
-    text = " ".join(text.split())  # no line breaks inside a message
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
-def _shown(value: Any) -> str:
-    """A value for a message: JSON-like, short, one line."""
-    if isinstance(value, dict):
-        return f"an object of {len(value)} key{'' if len(value) == 1 else 's'}"
-    if isinstance(value, list):
-        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int):
-        digits = len(str(abs(value))) if abs(value) < 10**4000 else 4000
-        return str(value) if digits <= 20 else f"an integer of {digits}+ digits"
-    if isinstance(value, str):
-        return _elide(json.dumps(value, ensure_ascii=False))
-    return _elide(repr(value))
-
-
-class _Refusal(Exception):
-    """One problem at one JSON path; ``check_result`` turns it into an InputError naming the file."""
-
-    def __init__(self, where: str, problem: str, hint: str | None = _HINT) -> None:
-        super().__init__(where, problem)
-        self.where = where
-        self.problem = problem
-        self.hint = hint
-
-
-def _key(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _is_int(value: Any) -> bool:
-    # bool is an int subclass but not a JSON integer; 3.0 is one (pandas writes counts next to NaN so)
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
-# Kinds of value: each a check that returns a problem (str) or None.
-def _string(value: Any) -> str | None:
-    return None if isinstance(value, str) else "expected a string"
-
-
-def _text(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return "expected a string"
-    return None if value.strip() else "expected a non-empty string"
-
-
-def _count(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 0 else "expected a non-negative integer"
-
-
-def _positive(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 1 else "expected a positive integer"
-
-
-def _number(value: Any) -> str | None:
-    return None if _finite(value) else "expected a finite number"
-
-
-def _object(value: Any) -> str | None:
-    return None if isinstance(value, dict) else "expected an object"
-
-
-def _list(value: Any) -> str | None:
-    return None if isinstance(value, list) else "expected a list"
-
-
-def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "expected true or false"
-
-
-def _or_null(kind: Any) -> Any:
-    def check(value: Any) -> str | None:
-        if value is None:
-            return None
-        problem = kind(value)
-        return None if problem is None else f"{problem} or null"
-
-    return check
-
-
-def _records(value: Any) -> str | None:
-    """A check (or its checks) as the JSON holds it: an object, a list of objects, or null."""
-    if value is None or isinstance(value, dict):
-        return None
-    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
-        return None
-    return "expected an object, a list of objects, or null"
-
-
-# field -> (kind, required). Keys not listed are ignored (see ``check_result``).
-_TOP_FIELDS: dict[str, tuple[Any, bool]] = {
-    "schema": (_string, False),
-    "headscope": (_string, True),
-    "command": (_text, True),
-    "model": (_string, True),
-    "spec": (_or_null(_string), False),
-    "capture": (_or_null(_string), False),
-    "sections": (_list, True),
-    "rows": (_list, True),
-    "roles": (_or_null(_list), False),
-    "notes": (_or_null(_list), False),
-    "layout": (_object, True),
-    "layers": (_or_null(_object), False),
-    "copy_loss": (_or_null(_object), False),
-    "outcomes": (_or_null(_object), False),
-    "role_rule": (_or_null(_string), False),
-    "conformance": (_or_null(_object), False),
-    "verification": (_records, False),
-    "circuit_verification": (_records, False),
-    "ablation": (_records, False),
-}
-_LAYOUT_FIELDS: dict[str, tuple[Any, bool]] = {
-    "layers": (_positive, True),
-    "heads": (_positive, True),
-    "kv_heads": (_or_null(_positive), False),
-    "group_size": (_or_null(_positive), False),
-    "head_dim": (_or_null(_count), False),
-    "d_model": (_or_null(_count), False),
-    "local_layers": (_or_null(_list), False),
-    "window": (_or_null(_count), False),
-    "causal": (_or_null(_boolean), False),
-}
-_NAMES = {
-    "data": (_or_null(_string), False),
-    "relation": (_or_null(_string), False),
-    "direction": (_or_null(_string), False),
-}
-_ROW_FIELDS: dict[str, tuple[Any, bool]] = {
-    "model": (_or_null(_string), False),
-    "detector": (_text, True),
-    **_NAMES,
-    "layer": (_count, True),
-    "head": (_count, True),
-    "kv_group": (_or_null(_count), False),
-    "score": (_or_null(_number), True),
-    "baseline": (_or_null(_number), False),
-    "ci_low": (_or_null(_number), False),
-    "ci_high": (_or_null(_number), False),
-    "n": (_or_null(_count), False),
-    "rank": (_or_null(_positive), False),
-    "role": (_or_null(_string), False),
-}
-_ROLE_FIELDS: dict[str, tuple[Any, bool]] = {
-    "model": (_or_null(_string), False),
-    "layer": (_count, True),
-    "head": (_count, True),
-    "kv_group": (_or_null(_count), False),
-    "role": (_or_null(_string), False),
-    "n_roles": (_or_null(_count), False),
-    "secondary": (_or_null(_string), False),
-    "detector": (_or_null(_string), False),
-    **_NAMES,
-    "score": (_or_null(_number), False),
-    "baseline": (_or_null(_number), False),
-    "ci_low": (_or_null(_number), False),
-    "ci_high": (_or_null(_number), False),
-    "p_adj": (_or_null(_number), False),
-    "n": (_or_null(_count), False),
-}
-_SECTION_FIELDS: dict[str, tuple[Any, bool]] = {
-    "detector": (_text, True),
-    **_NAMES,
-    "summary": (_or_null(_string), False),
-    "description": (_or_null(_string), False),
-    "baseline": (_or_null(_number), False),
-    "n": (_or_null(_count), False),
-    "n_examples": (_or_null(_count), False),
-}
-_LAYERS_FIELDS: dict[str, tuple[Any, bool]] = {
-    "local": (_or_null(_list), False),
-    "global": (_or_null(_list), False),
-    "window": (_or_null(_count), False),
-}
-_COPY_LOSS_FIELDS: dict[str, tuple[Any, bool]] = {
-    "per_copy": (_list, True),
-    "tokens_per_copy": (_list, True),
-    "first": (_or_null(_number), False),
-    "later": (_or_null(_number), False),
-}
-
-
-def _fields(where: str, obj: Any, spec: dict[str, tuple[Any, bool]]) -> None:
-    if not isinstance(obj, dict):
-        raise _Refusal(where or "the document", f"expected an object, got {_shown(obj)}")
-    for key, (kind, required) in spec.items():
-        if key not in obj:
-            if required:
-                raise _Refusal(_key(where, key), "missing (a required field)")
-            continue
-        problem = kind(obj[key])
-        if problem is not None:
-            raise _Refusal(_key(where, key), f"{problem}, got {_shown(obj[key])}")
-
-
-def _items(where: str, items: list[Any], kind: Any) -> None:
-    for index, item in enumerate(items):
-        problem = kind(item)
-        if problem is not None:
-            raise _Refusal(f"{where}[{index}]", f"{problem}, got {_shown(item)}")
-
-
-def _layer_list(where: str, items: list[Any], layers: int) -> None:
-    _items(where, items, _count)
-    for index, item in enumerate(items):
-        if item >= layers:
-            raise _Refusal(f"{where}[{index}]", f"layer {int(item)} is outside the layout's {layers} layers")
-
-
-def _version(text: str) -> tuple[int, ...] | None:
-    match = re.match(r"\s*v?(\d{1,9})(?:\.(\d{1,9}))?(?:\.(\d{1,9}))?", text)
-    return None if match is None else tuple(int(g) for g in match.groups() if g is not None)
-
-
-def _check_version(saved: dict[str, Any]) -> str | None:
-    """The versioning rule (see ``check_result``); returns a note to keep, or None."""
-    from headscope import __version__
-
-    schema = saved.get("schema")
-    if schema is not None:
-        if not isinstance(schema, str):
-            raise _Refusal("schema", f"expected a string like {RESULT_SCHEMA!r}, got {_shown(schema)}")
-        match = re.fullmatch(r"headscope-result/(\d{1,9})", schema)
-        if match is None:
-            what = (
-                "the HTML report's data, not a saved result"
-                if schema.startswith("headscope-report/")
-                else f"not a result format this headscope knows (it reads {RESULT_SCHEMA})"
-            )
-            raise _Refusal("schema", f"{_shown(schema)} is {what}")
-        if int(match.group(1)) > RESULT_FORMAT:
-            raise _Refusal(
-                "schema",
-                f"{schema} was written by a newer headscope (this headscope {__version__} reads "
-                f"{RESULT_SCHEMA})",
-                hint=_UPGRADE,
-            )
-    writer = saved.get("headscope")
-    ours = _version(__version__)
-    theirs = _version(writer) if isinstance(writer, str) else None
-    if theirs is None or ours is None or theirs[:3] <= ours[:3]:
-        return None
-    if theirs[0] > ours[0]:
-        raise _Refusal(
-            "headscope",
-            f"written by headscope {_elide(writer, 20)}, a newer major version than this {__version__}",
-            hint=_UPGRADE,
-        )
-    return (
-        f"this result was written by headscope {_elide(writer, 20)}, newer than this {__version__}: "
-        f"read as {RESULT_SCHEMA}; fields this version does not know are ignored"
-    )
-
-
-def check_result(saved: Any, source: str = "result") -> list[str]:
-    """Check a saved result against its schema; raise :class:`InputError` (one line: ``source``, the
-    JSON path such as ``rows[12].layer``, what is wrong, what to do) at the first problem.
-
-    Returns the notes reading it leaves (a newer writer of the same format).
-
-    Versioning, the explicit rule:
-
-    * ``schema``, when present, names the format: ``headscope-result/1`` is read; a higher number
-      was written by a newer headscope and is refused ("upgrade headscope"); anything else is
-      refused. Documents without it (every headscope so far) are ``headscope-result/1``.
-    * ``headscope`` is the version that wrote the file. A newer major version is refused like a
-      newer format; a newer minor or patch version is read, with a note in ``Result.notes`` and the
-      report.
-    * Keys this version does not know, at any level, are **ignored** (a newer headscope of the same
-      format only adds keys); the known keys are checked for type, range and uniqueness.
-
-    The document states its model's layout (``layout.layers``, ``layout.heads``): every row and
-    role must lie inside it, and the report's role map has exactly that size.
-    """
-    try:
-        return _check(saved)
-    except _Refusal as refusal:
-        raise InputError(f"{source}: {refusal.where}: {refusal.problem}", hint=refusal.hint) from None
-
-
-def _check(saved: Any) -> list[str]:
-    if not isinstance(saved, dict):
-        raise _Refusal("the document", f"expected an object (a headscope result), got {_shown(saved)}")
-    notes = [note] if (note := _check_version(saved)) else []
-    _fields("", saved, _TOP_FIELDS)
-
-    layout = saved["layout"]
-    _fields("layout", layout, _LAYOUT_FIELDS)
-    layers, heads = int(layout["layers"]), int(layout["heads"])
-    if layers * heads > MAX_HEADS:
-        raise _Refusal(
-            "layout", f"{layers} layers × {heads} heads is more than any model has (at most {MAX_HEADS})"
-        )
-    kv_heads = int(layout.get("kv_heads") or heads)
-    if kv_heads > heads:
-        raise _Refusal("layout.kv_heads", f"{kv_heads} key/value heads is more than the {heads} heads")
-    if layout.get("local_layers") is not None:
-        _layer_list("layout.local_layers", layout["local_layers"], layers)
-    if saved.get("layers") is not None:
-        _fields("layers", saved["layers"], _LAYERS_FIELDS)
-        for key in ("local", "global"):
-            if saved["layers"].get(key) is not None:
-                _layer_list(f"layers.{key}", saved["layers"][key], layers)
-
-    rows = saved["rows"]
-    if not rows:
-        raise _Refusal("rows", "the result holds no head rows")
-    seen: dict[tuple[Any, ...], int] = {}
-    for index, row in enumerate(rows):
-        where = f"rows[{index}]"
-        _fields(where, row, _ROW_FIELDS)
-        _inside(where, row, layers, heads, kv_heads)
-        key = (
-            row["detector"],
-            *(row.get(name) or "" for name in ("relation", "direction", "data")),
-            int(row["layer"]),
-            int(row["head"]),
-        )
-        if key in seen:
-            raise _Refusal(
-                where,
-                f"repeats rows[{seen[key]}] (detector {_shown(row['detector'])}, layer {key[4]}, "
-                f"head {key[5]}): each (detector, relation, direction, data, layer, head) appears once",
-            )
-        seen[key] = index
-
-    if saved.get("roles") is not None:
-        heads_seen: dict[tuple[int, int], int] = {}
-        for index, role in enumerate(saved["roles"]):
-            where = f"roles[{index}]"
-            _fields(where, role, _ROLE_FIELDS)
-            _inside(where, role, layers, heads, kv_heads)
-            head_key = (int(role["layer"]), int(role["head"]))
-            if head_key in heads_seen:
-                raise _Refusal(
-                    where,
-                    f"repeats roles[{heads_seen[head_key]}] (layer {head_key[0]}, head {head_key[1]}): "
-                    "each head has one role row",
-                )
-            heads_seen[head_key] = index
-
-    for index, section in enumerate(saved["sections"]):
-        _fields(f"sections[{index}]", section, _SECTION_FIELDS)
-    if saved.get("notes") is not None:
-        _items("notes", saved["notes"], _string)
-    if saved.get("copy_loss") is not None:
-        _fields("copy_loss", saved["copy_loss"], _COPY_LOSS_FIELDS)
-        _items("copy_loss.per_copy", saved["copy_loss"]["per_copy"], _or_null(_number))
-        _items("copy_loss.tokens_per_copy", saved["copy_loss"]["tokens_per_copy"], _count)
-    return notes
-
-
-def _inside(where: str, row: dict[str, Any], layers: int, heads: int, kv_heads: int) -> None:
-    """A row's head lies inside the layout the document states (the model it names)."""
-    for key, size, what in (("layer", layers, "layers"), ("head", heads, "heads")):
-        if row[key] >= size:
-            raise _Refusal(
-                f"{where}.{key}",
-                f"{_shown(int(row[key]))} is outside the model's {size} {what} (layout.{what}): "
-                "the result does not fit the model it names",
-            )
-    kv_group = row.get("kv_group")
-    if kv_group is not None and kv_group >= kv_heads:
-        raise _Refusal(
-            f"{where}.kv_group", f"{_shown(int(kv_group))} is outside the model's {kv_heads} key/value heads"
         )
 
 

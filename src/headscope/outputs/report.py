@@ -20,6 +20,9 @@ from headscope.detectors.syntax import RELATION_NAMES
 from headscope.extend.render import fmt as _fmt
 from headscope.extend.render import fmt_ci as _fmt_ci
 
+# The result document is written by its schema module; these names stay importable from here.
+from .schema import jsonable, layout_json, records, report_json, roles_records  # noqa: F401
+
 
 def render_text(draw: Callable[[Console], None], width: int = 140) -> str:
     """What ``draw`` prints, as plain text (no colour codes), for writing tables to a file."""
@@ -27,90 +30,6 @@ def render_text(draw: Callable[[Console], None], width: int = 140) -> str:
     console = Console(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
     draw(console)
     return buffer.getvalue()
-
-
-def jsonable(value: Any) -> Any:
-    """NaN and infinities become null; tuples become lists; numpy scalars become numbers."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, str):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """DataFrame rows as JSON-ready dicts (NaN becomes null)."""
-    return json.loads(frame.to_json(orient="records", double_precision=10))
-
-
-def _section_json(section: Section) -> dict[str, Any]:
-    """A section's fields without its one-line summary; extras only where there are any."""
-    fields = dataclasses.asdict(section)
-    del fields["summary"]
-    if not fields["extras"]:
-        del fields["extras"]
-    return fields
-
-
-def layout_json(layout: Any) -> dict[str, Any]:
-    """A HeadLayout as JSON (the result files and the HTML report)."""
-    return {
-        "layers": layout.n_layers,
-        "heads": layout.n_heads,
-        "kv_heads": layout.n_kv_heads,
-        "group_size": layout.group_size,
-        "head_dim": layout.head_dim,
-        "d_model": layout.d_model,
-        "local_layers": list(layout.local_layers),
-        "window": layout.window,
-    }
-
-
-def report_json(report: Report, command: str, **extra: Any) -> dict[str, Any]:
-    """The machine-readable form of a report: the CSV rows plus what the tables say around them."""
-    from headscope import __version__
-    from headscope.verdicts.results import CSV_COLUMNS
-
-    out: dict[str, Any] = {
-        # The format's name and version, checked when the file is read back (api.result.check_result).
-        "schema": "headscope-result/1",
-        "headscope": __version__,
-        "command": command,
-        "model": report.model,
-        "capture": report.capture_mode,
-        "sections": [_section_json(s) for s in report.sections],
-        "rows": records(report.table[CSV_COLUMNS]),
-        "notes": list(report.notes),
-    }
-    if report.layout is not None:
-        out["layout"] = layout_json(report.layout)
-    if report.layout is not None and report.layout.local_layers:
-        out["layers"] = {
-            "local": list(report.layout.local_layers),
-            "global": list(report.layout.global_layers),
-            "window": report.layout.window,
-        }
-    if report.loss is not None:
-        out["copy_loss"] = {
-            "per_copy": report.loss.per_copy,
-            "tokens_per_copy": report.loss.tokens_per_copy,
-            "first": report.loss.first,
-            "later": report.loss.later,
-        }
-    if report.outcomes:
-        out["outcomes"] = {data: outcome.to_json() for data, outcome in report.outcomes.items()}
-    out.update({key: value for key, value in extra.items() if value is not None})
-    return out
-
-
-def roles_records(report: Report) -> list[dict[str, Any]]:
-    from headscope.verdicts.roles import ROLES_CSV_COLUMNS, head_roles
-
-    return records(head_roles(report.table)[ROLES_CSV_COLUMNS])
 
 
 def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
