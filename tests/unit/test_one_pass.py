@@ -141,14 +141,16 @@ def _losses(loaded, batch, **kwargs) -> torch.Tensor:
     return out[0]
 
 
-def test_edits_keyword_is_the_old_ablation_and_streaming_keywords(toy):
+def test_edits_change_the_pass_and_ablation_is_their_old_spelling(toy):
     batch = _batch(toy)
     edits = _edits(toy)
     clean = _losses(toy, batch)
-    for old, kind in (("ablation", "ablate"), ("streaming", "stream")):
-        through_edits = _losses(toy, batch, edits=[edits[kind]])
-        assert torch.equal(through_edits, _losses(toy, batch, **{old: edits[kind]}))
-        assert not torch.equal(through_edits, clean)  # the edit changes the pass
+    for kind in ("ablate", "stream"):
+        assert not torch.equal(_losses(toy, batch, edits=[edits[kind]]), clean)  # the edit changes the pass
+    ablated = _losses(toy, batch, edits=[edits["ablate"], None])
+    assert torch.equal(ablated, _losses(toy, batch, ablation=edits["ablate"]))
+    with pytest.raises(TypeError):
+        capture.run(toy, [batch], None, streaming=edits["stream"])  # StreamHeads is an edit now
 
 
 def test_a_patched_head_outputs_the_given_vector_in_its_rows_only(toy):

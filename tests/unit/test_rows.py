@@ -186,7 +186,7 @@ def test_fused_rows_keep_the_window_padding_and_streaming_heads():
     loaded = tiny_gemma()
     batches = _toy_batches(loaded, lengths=(12, 3, 9))
     streaming = capture.StreamingHeads.of([(2, 0)], sink=1, recent=2)
-    for kwargs in ({}, {"streaming": streaming}):
+    for kwargs in ({}, {"edits": [streaming]}):
         selective = _hidden(loaded, batches, **kwargs)
         with rows.full_maps():
             full = _hidden(loaded, batches, **kwargs)
@@ -194,7 +194,7 @@ def test_fused_rows_keep_the_window_padding_and_streaming_heads():
             assert torch.allclose(a, b, atol=1e-5, rtol=0), kwargs
     # The streaming heads change the outputs (so the comparison above saw them).
     plain = _hidden(loaded, batches)
-    assert not torch.allclose(plain[0], _hidden(loaded, batches, streaming=streaming)[0], atol=1e-4)
+    assert not torch.allclose(plain[0], _hidden(loaded, batches, edits=[streaming])[0], atol=1e-4)
 
 
 def test_soft_capped_rows_stay_exact():

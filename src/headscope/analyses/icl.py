@@ -430,7 +430,7 @@ def text_losses(
     prefix = len(_specials(loaded)[0])
     meter = PositionLoss(len(sequences), context, prefix)
     batches = model_batches(loaded, sequences, specials, batch_size)
-    capture.run(loaded, batches, None, on_token_loss=meter, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=meter, edits=[ablation])
     return meter.loss
 
 
@@ -565,16 +565,15 @@ def answer_probs(
         if on_writes is not None:
             on_writes(batch)
 
-    edits = [capture.AddVector(steer[0], steer[1], _last)] if steer is not None else []
+    steered = capture.AddVector(steer[0], steer[1], _last) if steer is not None else None
     capture.run(
         loaded,
         batches,
         None,
         on_hidden=on_hidden,
-        ablation=ablation,
         writes=writes,
         on_batch_done=on_batch_done,
-        edits=edits,
+        edits=[ablation, steered],
     )
     return correct, prob
 

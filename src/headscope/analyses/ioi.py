@@ -487,7 +487,7 @@ def verify_ioi(
             loaded,
             batches,
             None,
-            ablation=ablation,
+            edits=[ablation],
             on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)),
         )
         return float(torch.cat(values).mean())

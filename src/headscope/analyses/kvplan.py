@@ -220,7 +220,7 @@ def _text_loss(
         on_layer,
         reads=reads,
         on_token_loss=on_loss,
-        streaming=streaming,
+        edits=[streaming],
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )
     return total / max(1, count)

@@ -285,8 +285,7 @@ def _measure(
         batches,
         detector.update if detector is not None else None,
         reads=detector.reads if detector is not None else None,
-        ablation=ablation,
-        streaming=streaming,
+        edits=[ablation, streaming],
         on_hidden=on_hidden,
         on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
     )

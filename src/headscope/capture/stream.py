@@ -22,13 +22,13 @@ import torch
 from headscope.errors import RunFailure
 
 from . import ledger, rows
-from .ablation import Ablation, HeadOutputMeans
+from .ablation import AblateHeads, HeadOutputMeans
 from .batch import Batch, mask_open
 from .borrow import borrowed, use_attention
 from .dla import HeadWrites, attention_layers
 from .edits import Edit, applied
 from .hooks import hooked
-from .kvmask import StreamingHeads
+from .kvmask import StreamHeads
 from .rows import Reads
 
 STREAM_IMPLEMENTATION = "headscope_stream"
@@ -56,10 +56,10 @@ class _LayerSink:
         self,
         callback: LayerCallback | None,
         batch: Batch,
-        ablation: Ablation | None = None,
+        ablation: AblateHeads | None = None,
         on_layer_done: LayerDone | None = None,
         recorder: HeadOutputMeans | None = None,
-        streaming: StreamingHeads | None = None,
+        streaming: StreamHeads | None = None,
         reads: Reads | None = None,
         on_pairs: PairCallback | None = None,
     ) -> None:
@@ -610,10 +610,10 @@ use_attention("stream", STREAM_IMPLEMENTATION, register_streaming_attention)
 def _sink(
     callback: LayerCallback | None,
     batch: Batch,
-    ablation: Ablation | None = None,
+    ablation: AblateHeads | None = None,
     on_layer_done: LayerDone | None = None,
     recorder: HeadOutputMeans | None = None,
-    streaming: StreamingHeads | None = None,
+    streaming: StreamHeads | None = None,
     reads: Reads | None = None,
     on_pairs: PairCallback | None = None,
 ) -> Iterator[_LayerSink]:
@@ -702,13 +702,12 @@ def run(
     on_layer_done: LayerDone | None = None,
     on_token_loss: Callable[[torch.Tensor, Batch], None] | None = None,
     on_batch_done: Callable[[Batch], None] | None = None,
-    ablation: Ablation | None = None,
     recorder: HeadOutputMeans | None = None,
     writes: HeadWrites | None = None,
     on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
     stop_after: int | None = None,
-    streaming: StreamingHeads | None = None,
     edits: Iterable[Edit | None] = (),
+    ablation: AblateHeads | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -718,8 +717,8 @@ def run(
     ``weights``. ``on_layer_done(layer, batch)`` follows a layer's last chunk.
     The LM head runs only when ``on_token_loss`` is given: it receives ``[B, T-1]`` float32 losses
     of predicting token t+1 at position t, computed from the final hidden states in position
-    chunks (:func:`next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. ``ablation`` replaces chosen heads'
-    outputs and ``recorder`` accumulates chosen heads' outputs (streaming capture only).
+    chunks (:func:`next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. ``recorder``
+    accumulates chosen heads' outputs (streaming capture only).
     ``writes`` records heads' writes and their direct logit attribution at chosen positions
     (:class:`HeadWrites`; its ``begin`` and ``finish`` run around each batch, and it is complete
     when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
@@ -727,8 +726,9 @@ def run(
     ``stop_after`` (streaming capture only) ends each forward pass once block ``stop_after`` has
     run: for callers that need only the layers up to it (path patching's senders).
     ``edits`` changes the model for the pass (:mod:`headscope.capture.edits`: ablate heads, stream
-    KV heads, patch heads' outputs, add a vector after a block); ``ablation`` and ``streaming`` are
-    the same as an :class:`AblateHeads` or a :class:`StreamHeads` among the edits.
+    KV heads, patch heads' outputs, add a vector after a block; None entries are skipped, so
+    ``edits=[maybe_ablation]`` reads as it should). ``ablation=x`` is the old spelling of
+    ``edits=[x]``, kept for the callers that still use it.
     ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
     None: every row): only those get exact weights and reach ``on_layer``, every other row runs
     through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
@@ -739,7 +739,7 @@ def run(
     """
     if recorder is not None and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
-    listed = [*edits, ablation, streaming]
+    listed = [*edits, ablation]
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")

@@ -92,10 +92,10 @@ def later_copy_loss(
     spec: RepeatSpec,
     offset: int,
     n_examples: int,
-    ablation: capture.Ablation | None,
+    ablation: capture.AblateHeads | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, n_examples)
-    capture.run(loaded, batches, None, on_token_loss=meter, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=meter, edits=[ablation])
     return meter.later_sum, meter.later_tokens
 
 
@@ -131,15 +131,15 @@ def ablate(
         if advance:
             advance(1)
 
-    def measure(ablation: capture.Ablation | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def measure(ablation: capture.AblateHeads | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = later_copy_loss(loaded, batches, spec, offset, n, ablation)
         if advance:
             advance(1)
         return out
 
     clean = measure(None)
-    topk = measure(capture.Ablation.of(top_heads, mode, means))
-    draw_results = [measure(capture.Ablation.of(heads, mode, means)) for heads in random_heads]
+    topk = measure(capture.AblateHeads.of(top_heads, mode, means))
+    draw_results = [measure(capture.AblateHeads.of(heads, mode, means)) for heads in random_heads]
     seed = spec.seed
     pooled_sum = torch.stack([d[0] for d in draw_results]).sum(0)
     pooled_tokens = torch.stack([d[1] for d in draw_results]).sum(0)
@@ -200,7 +200,7 @@ class Verification:
 
 
 def _token_losses(
-    loaded: LoadedModel, batches: Sequence[capture.Batch], ablation: capture.Ablation | None
+    loaded: LoadedModel, batches: Sequence[capture.Batch], ablation: capture.AblateHeads | None
 ) -> list[torch.Tensor]:
     """Per batch, [B, T] loss of predicting token t (NaN at t = 0)."""
     out: list[torch.Tensor] = []
@@ -209,7 +209,7 @@ def _token_losses(
         losses = token_losses.cpu()
         out.append(torch.cat([torch.full((losses.shape[0], 1), float("nan")), losses], dim=1))
 
-    capture.run(loaded, batches, None, on_token_loss=on_token_loss, ablation=ablation)
+    capture.run(loaded, batches, None, on_token_loss=on_token_loss, edits=[ablation])
     return out
 
 
@@ -334,11 +334,11 @@ def verify(
         masks, what = _target_masks(batches, section.data, target, section.relation, report.repeat)
         clean, count = _mean_loss(clean_cache[source], masks)
         topk, _ = _mean_loss(
-            _token_losses(loaded, batches, capture.Ablation.of(heads, mode, source_means)), masks
+            _token_losses(loaded, batches, capture.AblateHeads.of(heads, mode, source_means)), masks
         )
         random_losses = [
             _mean_loss(
-                _token_losses(loaded, batches, capture.Ablation.of(control, mode, source_means)), masks
+                _token_losses(loaded, batches, capture.AblateHeads.of(control, mode, source_means)), masks
             )[0]
             for control in controls
         ]
