@@ -19,7 +19,7 @@ import torch
 
 from headscope import capture
 from headscope.capture import AblateHeads, AddVector, PatchHeads, StreamHeads
-from headscope.errors import RunFailure
+from headscope.errors import InputError, RunFailure
 from headscope.models import anatomy
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "headscope"
@@ -185,29 +185,61 @@ def test_an_added_vector_moves_the_residual_at_its_position(toy):
     assert changed.nonzero().tolist() == [[row, int(ends[row])]]
 
 
+def _bad_edits(loaded):
+    layout = loaded.layout
+    width, d_model = layout.v_head_dim, layout.d_model
+    every = lambda b: b.attention_mask.long().sum(1) - 1  # noqa: E731
+    return [
+        ([AblateHeads.of([(0, 1)]), AblateHeads.of([(0, 0)])], "one AblateHeads per pass"),
+        (
+            [AblateHeads.of([(0, layout.n_heads)])],
+            f"AblateHeads: head {layout.n_heads} of layer 0 does not exist",
+        ),
+        ([AblateHeads.of([(layout.n_layers, 0)])], f"AblateHeads: layer {layout.n_layers} has no attention"),
+        (
+            [StreamHeads.of([(1, layout.n_kv_heads)], 1, 2)],
+            f"StreamHeads: KV head {layout.n_kv_heads} of layer 1",
+        ),
+        ([PatchHeads(7, {0: torch.zeros(width)})], "PatchHeads: layer 7 has no attention"),
+        (
+            [PatchHeads(0, {0: torch.zeros(width + 1)})],
+            rf"PatchHeads: head 0's value has shape \({width + 1},\)",
+        ),
+        (
+            [PatchHeads(0, {layout.n_heads: torch.zeros(width)})],
+            f"PatchHeads: head {layout.n_heads} does not exist",
+        ),
+        ([AddVector(7, torch.zeros(d_model), every)], "AddVector: layer 7 is not a block"),
+        ([AddVector(0, torch.zeros(d_model - 1), every)], rf"AddVector: vectors of shape \({d_model - 1},\)"),
+    ]
+
+
 def test_edits_are_checked_before_any_hook_goes_on(toy, toy_eager):
-    edits = _edits(toy)
-    with (
-        pytest.raises(ValueError, match="one AblateHeads per pass"),
-        capture.applied(toy, [edits["ablate"], AblateHeads.of([(0, 0)])]),
-    ):
-        pass
-    with (
-        pytest.raises(ValueError, match="layer 7 is not a block"),
-        capture.applied(toy, [PatchHeads(7, {0: torch.zeros(toy.layout.head_dim)})]),
-    ):
-        pass
+    for edits, message in _bad_edits(toy):
+        with pytest.raises(InputError, match=message) as caught, capture.applied(toy, edits):
+            pass
+        assert caught.value.hint  # says what the model has or what to give
+        assert _hooks_on(toy.model) == 0
     with pytest.raises(TypeError, match="not an edit"), capture.applied(toy, ["ablate"]):
         pass
     with (
         pytest.raises(RunFailure, match="streaming KV heads need streaming capture"),
-        capture.applied(toy_eager, [edits["stream"]]),
+        capture.applied(toy_eager, [_edits(toy)["stream"]]),
     ):
         pass
     assert _hooks_on(toy.model) == 0
     with (
         pytest.raises(RunFailure, match="AddVector needs the pass's batch"),
-        capture.applied(toy, [edits["add"]]),
+        capture.applied(toy, [_edits(toy)["add"]]),
     ):
         _logits(toy, _batch(toy))
     assert _hooks_on(toy.model) == 0
+
+
+def test_a_bad_edit_is_refused_before_the_first_forward_pass(toy, monkeypatch):
+    calls = []
+    monkeypatch.setattr(type(toy.base), "__call__", lambda *a, **k: calls.append(1))
+    for edits, message in _bad_edits(toy):
+        with pytest.raises(InputError, match=message):
+            capture.run(toy, [_batch(toy)], None, edits=edits)
+    assert calls == []

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
-from headscope.errors import RunFailure
+from headscope.errors import InputError, RunFailure
 from headscope.models import anatomy, projections
 
 from .ablation import AblateHeads
 from .batch import Batch
+from .dla import attention_layers
 from .hooks import Hooks, hooked
 from .kvmask import StreamHeads
 
@@ -106,8 +107,53 @@ class Applied:
 def _one(edits: Sequence[Edit], kind: type) -> Any:
     found = [e for e in edits if isinstance(e, kind)]
     if len(found) > 1:
-        raise ValueError(f"one {kind.__name__} per pass, got {len(found)}: merge their heads into one")
+        raise InputError(
+            f"one {kind.__name__} per pass, got {len(found)}", hint="merge their heads into one edit"
+        )
     return found[0] if found else None
+
+
+def _refuse(edit: Edit, what: str, hint: str) -> None:
+    raise InputError(f"{type(edit).__name__}: {what}", hint=hint)
+
+
+def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> None:
+    layout = loaded.layout
+    layers = (
+        f"the attention layers are {attention[0]}..{attention[-1]}" if attention else "no attention layer"
+    )
+    if isinstance(edit, (AblateHeads, StreamHeads)):
+        count = layout.n_heads if isinstance(edit, AblateHeads) else layout.n_kv_heads
+        noun = "head" if isinstance(edit, AblateHeads) else "KV head"
+        chosen = edit.heads if isinstance(edit, AblateHeads) else edit.kv_heads
+        for layer, heads in chosen.items():
+            if layer not in attention:
+                _refuse(edit, f"layer {layer} has no attention", layers)
+            for head in heads:
+                if not 0 <= head < count:
+                    _refuse(edit, f"{noun} {head} of layer {layer} does not exist", f"the model has {count}")
+    elif isinstance(edit, PatchHeads):
+        if edit.layer not in attention:
+            _refuse(edit, f"layer {edit.layer} has no attention", layers)
+        width = layout.v_head_dim
+        for head, value in edit.values.items():
+            if not 0 <= head < layout.n_heads:
+                _refuse(edit, f"head {head} does not exist", f"the model has {layout.n_heads}")
+            if tuple(value.shape) != (width,):
+                _refuse(
+                    edit,
+                    f"head {head}'s value has shape {tuple(value.shape)}",
+                    f"give [{width}] (one head's output)",
+                )
+    elif isinstance(edit, AddVector):
+        if not 0 <= edit.layer < blocks:
+            _refuse(edit, f"layer {edit.layer} is not a block", f"the blocks are 0..{blocks - 1}")
+        if edit.vectors.dim() not in (1, 2) or edit.vectors.shape[-1] != layout.d_model:
+            _refuse(
+                edit,
+                f"vectors of shape {tuple(edit.vectors.shape)}",
+                f"give [{layout.d_model}] or [examples, {layout.d_model}]",
+            )
 
 
 def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
@@ -120,10 +166,10 @@ def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
     if sink_side and loaded.capture_mode != "stream":
         what = "head ablation needs" if isinstance(sink_side[0], AblateHeads) else "streaming KV heads need"
         raise RunFailure(f"{what} streaming capture", hint="drop --capture eager")
+    attention = attention_layers(loaded)
     blocks = len(anatomy.blocks(loaded.model))
     for edit in listed:
-        if isinstance(edit, (PatchHeads, AddVector)) and not 0 <= edit.layer < blocks:
-            raise ValueError(f"{type(edit).__name__}: layer {edit.layer} is not a block (0..{blocks - 1})")
+        _check_one(loaded, edit, attention, blocks)
     return listed
 
 
@@ -161,8 +207,9 @@ def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) ->
 def applied(loaded: Any, edits: Iterable[Edit | None]) -> Iterator[Applied]:
     """Put ``edits`` on ``loaded``'s model for the length of the block (None entries are skipped).
 
-    Checked before any hook goes on: a known kind, a real block, at most one :class:`AblateHeads`
-    and one :class:`StreamHeads`, and streaming capture for those two. Every hook is removed in
+    Checked before any hook goes on (:class:`~headscope.errors.InputError` naming the edit): a known
+    kind, layers and heads the model has, values of one head's width and vectors of the model's,
+    at most one :class:`AblateHeads` and one :class:`StreamHeads`, and streaming capture for those two. Every hook is removed in
     ``finally``, whatever the pass inside did.
     """
     listed = _checked(loaded, edits)
