@@ -42,7 +42,7 @@ PositionsOf = Callable[[Batch], torch.Tensor]  # [B] one position per row
 class PatchHeads:
     """Heads of block ``layer`` whose output is replaced by a given vector.
 
-    ``values`` maps a query head to its replacement ``[head_dim]``: the head's slice of the output
+    ``values`` maps a query head to its replacement ``[v_head_dim]``: the head's slice of the output
     projection's input, so the head's whole contribution to the residual stream becomes that of the
     vector. Only sequence position ``position`` is patched (negative: from the end, as in a one-token
     decoding step), and only the batch rows ``rows`` (None: every row), so one batch can patch a
@@ -50,7 +50,7 @@ class PatchHeads:
     """
 
     layer: int
-    values: dict[int, torch.Tensor] = field(repr=False)  # head -> [head_dim]
+    values: dict[int, torch.Tensor] = field(repr=False)  # head -> [v_head_dim]
     rows: tuple[int, ...] | None = None
     position: int = -1
 
