@@ -95,6 +95,12 @@ class WeightOutcome:
             "tasks": [t.to_json() for t in self.tasks],
         }
 
+    def caption(self, section: Any) -> str | None:
+        """The line under a weights table (the report asks every outcome); None for other tables."""
+        from .weights_present import weights_caption
+
+        return weights_caption(section, self) if section.detector == "weights" else None
+
 
 def check_options(tokens: int, k: int, embedding: str) -> None:
     if tokens < 1:

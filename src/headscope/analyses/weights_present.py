@@ -1,4 +1,4 @@
-"""``headscope weights`` for people: the successor ablation check."""
+"""``headscope weights`` for people: its tables' captions and the successor ablation check."""
 
 from __future__ import annotations
 
@@ -7,6 +7,34 @@ from typing import Any
 from rich.console import Console
 
 from headscope.extend.render import ablation_runs, fmt
+
+
+def weights_caption(section: Any, outcome: Any = None) -> str:
+    """What a weights table's score, baseline and interval mean (``outcome``: the run's
+    ``WeightOutcome``, whose task counts the successor tables name)."""
+    if section.relation == "eigenvalue":
+        return (
+            f"data: {section.description}; score in [-1, 1], 0 for a random matrix; computed once on "
+            "the sampled tokens' circuit (no interval, no role: the token tests decide)"
+        )
+    if section.relation == "successor":
+        counts = ""
+        if outcome is not None:
+            parts = [
+                f"{t.task} {t.qualified}/{t.total}"
+                for t in outcome.tasks
+                if t.data == section.data and t.pairs
+            ]
+            counts = "; single-token members: " + ", ".join(parts)
+        return (
+            f"data: {section.description}{counts}; n = {section.n} pairs; chance baseline = "
+            f"{fmt(section.baseline)} (1 / task size); CI: 95% bootstrap over pairs"
+        )
+    baseline = f"{section.baseline:.2e}" if section.baseline is not None else "–"
+    return (
+        f"data: {section.description}; n = {section.n} tokens; baseline = k / vocabulary = {baseline}; "
+        "CI: 95% bootstrap over tokens"
+    )
 
 
 def print_successor_ablation(result: Any, console: Console) -> None:

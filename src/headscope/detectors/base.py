@@ -109,6 +109,18 @@ class Detector(ABC):
     baseline_kind: ClassVar[str] = "uniform"
     role: ClassVar[RoleSpec | None] = None
     roles: ClassVar[Mapping[str, RoleSpec]] = {}
+    # How the reports print its tables (headscope.outputs reads these and names no detector). Format
+    # strings over a table's fields: {detector}, {data}, {relation}, {direction}, {relation_name},
+    # {description}, {n}, {n_examples}, {baseline} and {extras[NAME]} (numbers as the tables print
+    # them). ``heading``: a table's heading (None: "detector · relation · direction");
+    # ``caption``: the line under it (None: the data, n, baseline and interval); ``short_name``: its
+    # name in ``headscope compare`` (None: the detector's). ``grouped``: the tables of one data set
+    # print as one table, a row per relation, with ``relation_names`` (what each means) as legend.
+    heading: ClassVar[str | None] = None
+    caption: ClassVar[str | None] = None
+    short_name: ClassVar[str | None] = None
+    grouped: ClassVar[bool] = False
+    relation_names: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def role_spec(cls, relation: str) -> RoleSpec | None:

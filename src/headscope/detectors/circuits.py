@@ -125,6 +125,7 @@ class RetrievalDetector(Detector):
     summary = "retrieval (Wu et al. 2024): at answer tokens the model gets right, the head's argmax key is the needle token it copies"
     default_source = "retrieval"
     needs = frozenset({"tokens", "positions"})
+    heading = "{detector} · {data}"  # one table per haystack
     baseline_kind = "uniform"
     role = RoleSpec(
         "retr",

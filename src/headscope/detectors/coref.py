@@ -23,6 +23,12 @@ class CorefDetector(WordLevelDetector):
     needs = frozenset({"coref"})
     default_source = "coref"
     baseline_kind = "nearest-candidate"
+    heading = "coreference · {data} · pronoun → antecedent (指代)"
+    caption = (
+        "data: {description}; n = {n} examples; nearest-candidate baseline = {baseline}; chance = "
+        "{extras[chance]}; first-candidate = {extras[first candidate]}; CI: 95% bootstrap over examples"
+    )
+    short_name = "{data}"
     role = RoleSpec(
         "coref",
         "pronoun → antecedent (指代)",

@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from headscope.analyses import Report, Section
-from headscope.detectors.syntax import RELATION_NAMES
 from headscope.extend.render import fmt as _fmt
 from headscope.extend.render import fmt_ci as _fmt_ci
 
@@ -38,52 +37,56 @@ def table_csv(table: pd.DataFrame, columns: list[str] | None = None) -> str:
     return table[columns or CSV_COLUMNS].to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
 
-def section_title(section: Section) -> str:
-    parts = [section.detector]
-    if section.detector == "retrieval":
-        parts.append(section.data)
-    if section.relation:
-        parts.append(section.relation)
-    if section.direction:
-        parts.append(section.direction)
-    return " · ".join(parts)
+class _Shown(dict):
+    """A table's numbers as the tables print them; a name it does not hold shows as "–"."""
+
+    def __missing__(self, key: str) -> str:
+        return _fmt(None)
 
 
-def weights_caption(section: Section, outcome: Any = None) -> str:
-    """What a weights table's score, baseline and interval mean."""
-    if section.relation == "eigenvalue":
-        return (
-            f"data: {section.description}; score in [-1, 1], 0 for a random matrix; computed once on "
-            "the sampled tokens' circuit (no interval, no role: the token tests decide)"
-        )
-    if section.relation == "successor":
-        counts = ""
-        if outcome is not None:
-            parts = [
-                f"{t.task} {t.qualified}/{t.total}"
-                for t in outcome.tasks
-                if t.data == section.data and t.pairs
-            ]
-            counts = "; single-token members: " + ", ".join(parts)
-        return (
-            f"data: {section.description}{counts}; n = {section.n} pairs; chance baseline = "
-            f"{_fmt(section.baseline)} (1 / task size); CI: 95% bootstrap over pairs"
-        )
-    baseline = f"{section.baseline:.2e}" if section.baseline is not None else "–"
-    return (
-        f"data: {section.description}; n = {section.n} tokens; baseline = k / vocabulary = {baseline}; "
-        "CI: 95% bootstrap over tokens"
+def _declared(section: Section) -> Any:
+    """The declaration of a table's detector (how its tables print), or None."""
+    from headscope import detectors
+
+    return detectors.declared(section.detector)
+
+
+def _spelled(template: str, section: Section) -> str:
+    """``template`` (a detector's heading, caption or short name) filled with the table's fields."""
+    found = _declared(section)
+    names = getattr(found, "relation_names", {})
+    return template.format(
+        detector=section.detector,
+        data=section.data,
+        relation=section.relation,
+        direction=section.direction,
+        relation_name=names.get(section.relation, section.relation),
+        description=section.description,
+        n=section.n,
+        n_examples=section.n_examples,
+        baseline=_fmt(section.baseline),
+        extras=_Shown({name: _fmt(value) for name, value in section.extras.items()}),
     )
 
 
-def section_caption(section: Section) -> str:
-    if section.detector == "coref":
-        return (
-            f"data: {section.description}; n = {section.n} examples; nearest-candidate baseline = "
-            f"{_fmt(section.baseline)}; chance = {_fmt(section.extras.get('chance'))}; "
-            f"first-candidate = {_fmt(section.extras.get('first candidate'))}; "
-            "CI: 95% bootstrap over examples"
-        )
+def section_title(section: Section) -> str:
+    """A table's heading: its detector's ``heading``, else "detector · relation · direction"."""
+    heading = getattr(_declared(section), "heading", None)
+    if heading is not None:
+        return _spelled(heading, section)
+    return " · ".join(p for p in (section.detector, section.relation, section.direction) if p)
+
+
+def section_caption(section: Section, outcomes: dict[str, Any] | None = None) -> str:
+    """The line under a table: an outcome's own ``caption(section)`` (the weights analysis' tables),
+    its detector's ``caption``, else the data, n, baseline and interval."""
+    for outcome in (outcomes or {}).values():
+        own = outcome.caption(section) if hasattr(outcome, "caption") else None
+        if own is not None:
+            return str(own)
+    caption = getattr(_declared(section), "caption", None)
+    if caption is not None:
+        return _spelled(caption, section)
     baseline = _fmt(section.baseline)
     low, high = section.baseline_range or (section.baseline, section.baseline)
     if low is not None and high is not None and high - low > 5e-4:
@@ -105,8 +108,9 @@ def _rows(report: Report, section: Section) -> pd.DataFrame:
     ].sort_values("rank")
 
 
-def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
-    """One row per relation and direction: the best head against the best positional baseline."""
+def grouped_table(report: Report, sections: list[Section]) -> Table:
+    """A grouped detector's tables of one data set (syntax's): one row per relation and direction,
+    the best head against the table's baseline."""
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for name, justify in [
         ("relation", "left"),
@@ -136,8 +140,10 @@ def syntax_summary_table(report: Report, sections: list[Section]) -> Table:
 
 
 def relation_legend(sections: list[Section]) -> str:
+    """What the relations of a grouped table mean (its detector's ``relation_names``)."""
+    meanings = getattr(_declared(sections[0]), "relation_names", {}) if sections else {}
     names = dict.fromkeys(s.relation for s in sections)
-    return "; ".join(f"{r} = {RELATION_NAMES[r]}" for r in names if r in RELATION_NAMES)
+    return "; ".join(f"{r} = {meanings[r]}" for r in names if r in meanings)
 
 
 def top_heads_table(report: Report, section: Section, top: int) -> Table:
@@ -175,44 +181,38 @@ def decided_by_whole_run(report: Report) -> bool:
 
 def print_report(report: Report, console: Console, top: int, start: int = 0) -> None:
     """The report's tables, from section ``start`` on (the ones before were printed as they finished)."""
-    printed_syntax: set[str] = set()
+    printed_groups: set[tuple[str, str]] = set()
     printed_blocks: set[str] = set()
     for section in report.sections[start:]:
         # What an analysis measured beside its tables (report.outcomes, by data) prints itself:
         # ``print_block`` prints all of its data's tables as one block (IOI), ``print_to`` goes
-        # between a table's heading and the table (the needle grid).
+        # between a table's heading and the table (the needle grid), and any outcome's
+        # ``caption(section)`` may write the line under a table (the weights tables'). The rest is
+        # read from the table's detector declaration (heading, caption, grouped, relation_names).
         outcome = report.outcomes.get(section.data)
         if hasattr(outcome, "print_block"):
             if section.data not in printed_blocks:
                 printed_blocks.add(section.data)
                 outcome.print_block(report, section, console, top)
             continue
-        if section.detector == "syntax":
-            if section.data in printed_syntax:
+        if getattr(_declared(section), "grouped", False):
+            key = (section.detector, section.data)
+            if key in printed_groups:
                 continue
-            printed_syntax.add(section.data)
-            group = [s for s in report.sections if s.detector == "syntax" and s.data == section.data]
-            console.print(f"[bold]syntax · {section.data}[/bold]: {section.summary}")
-            console.print(syntax_summary_table(report, group))
+            printed_groups.add(key)
+            group = [s for s in report.sections if (s.detector, s.data) == key]
+            console.print(f"[bold]{section_title(section)}[/bold]: {section.summary}")
+            console.print(grouped_table(report, group))
             console.print(relation_legend(group))
-            console.print(
-                f"data: {section.description}; baseline: best positional rule (always the word k "
-                "positions away, or always the first word); CI: 95% bootstrap over sentences"
-            )
+            console.print(section_caption(section, report.outcomes))
             console.print()
             continue
         # Heading and notes go on their own lines: a table title would wrap at the table's width.
-        title = section_title(section)
-        if section.detector == "coref":
-            title = f"coreference · {section.data} · {RELATION_NAMES['coref']}"
-        console.print(f"[bold]{title}[/bold]: {section.summary}")
+        console.print(f"[bold]{section_title(section)}[/bold]: {section.summary}")
         if hasattr(outcome, "print_to"):
             outcome.print_to(console, top)
         console.print(top_heads_table(report, section, top))
-        if section.detector == "weights":
-            console.print(weights_caption(section, report.outcomes.get("vocab")))
-        else:
-            console.print(section_caption(section))
+        console.print(section_caption(section, report.outcomes))
         console.print()
     if report.loss is not None:
         loss = report.loss
@@ -297,6 +297,22 @@ def print_role_map(
         console.print(fill["line"])
 
 
+def table_name(table: Any) -> str:
+    """A table's short name in ``headscope compare`` (``table`` has detector, relation, direction and
+    data): its detector's ``short_name`` (syntax and coref name their language), else the detector's
+    name, shortened."""
+    from headscope import detectors
+
+    template = getattr(detectors.declared(table.detector), "short_name", None)
+    if template is not None:
+        fields = {key: getattr(table, key) or "" for key in ("detector", "data", "relation", "direction")}
+        name = " ".join(template.format(**fields).split())
+        if name:
+            return name
+        return table.detector
+    return table.detector.replace("previous-", "prev-").replace("duplicate-", "dup-")
+
+
 def print_comparison(result: Any, console: Console) -> None:
     """Per table: the best head on each side, how shared heads moved, and roles gained or lost."""
     console.print(f"[bold]compare[/bold]: A = {result.model_a}, B = {result.model_b}")
@@ -330,13 +346,7 @@ def print_comparison(result: Any, console: Console) -> None:
                 *(f"−L{layer}H{h}" for layer, h in change.lost),
             ]
         )
-        # Token-level detectors are named by the detector; syntax and coref also by language.
-        if change.detector == "syntax":
-            name = " ".join(p for p in (change.data, change.relation, change.direction) if p)
-        elif change.detector == "coref":
-            name = change.data or "coref"
-        else:
-            name = change.detector.replace("previous-", "prev-").replace("duplicate-", "dup-")
+        name = table_name(change)
         table.add_row(
             name,
             head(change.best_a),

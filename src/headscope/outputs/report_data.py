@@ -20,7 +20,6 @@ import pandas as pd
 from headscope import __version__
 
 SCHEMA = "headscope-report/1"
-SHARE_RULES = {("ioi", "dla"), ("ioi", "s-inhibition"), ("fv", "aie")}
 
 
 def _number(value: Any) -> float | None:
@@ -34,6 +33,8 @@ def _number(value: Any) -> float | None:
 
 
 def _tables(rows: pd.DataFrame, sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from headscope.verdicts.roles import role_spec
+
     out = []
     keys = ["data", "detector", "relation", "direction"]
     summaries = {tuple(s.get(k, "") for k in keys): s for s in sections}
@@ -41,7 +42,9 @@ def _tables(rows: pd.DataFrame, sections: list[dict[str, Any]]) -> list[dict[str
         section = summaries.get(tuple(group), {})
         data, detector, relation, direction = group
         title = " · ".join(p for p in (data, detector, relation, direction) if p)
-        signed = (detector, relation) in SHARE_RULES
+        # A signed score (a share of the logit difference, an indirect effect) draws on a ± axis.
+        spec = role_spec(detector, relation)
+        signed = spec is not None and spec.kind == "signed"
         part = part.sort_values(["layer", "head"])
         out.append(
             {
