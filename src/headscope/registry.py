@@ -172,11 +172,16 @@ class Registry(Mapping[str, T], Generic[T]):
             if self._loaded:
                 return
             self._loaded = True
-            if self._builtins_from is not None:
-                import importlib
-
-                importlib.import_module(self._builtins_from)
+            self._load_builtins()
             self._load_plugins()
+
+    def _load_builtins(self) -> None:
+        """Import the module that registers the built-ins (nothing to do without one, or when
+        it is imported already): never the plugins, which a plugin's own import may be reading."""
+        if self._builtins_from is not None:
+            import importlib
+
+            importlib.import_module(self._builtins_from)
 
     def _load_plugins(self) -> None:
         from importlib.metadata import entry_points
@@ -251,8 +256,7 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def builtins(self) -> dict[str, T]:
         with self._lock:
-            if self._builtins_from is not None:
-                self._load()
+            self._load_builtins()
             return dict(self._builtin)
 
     def put(self, name: str, found: T) -> None:
