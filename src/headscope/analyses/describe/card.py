@@ -39,7 +39,7 @@ from headscope.weightroles.ov import Candidates, Circuits, ordinary_ids, rank_te
 
 from .atlas import Atlas
 
-WRITES_TOKENS = 256  # sampled tokens (headscope weights --tokens; its default 2000 costs ~8x here)
+WRITES_TOKENS = 128  # sampled tokens (headscope weights --tokens; its default 2000 costs ~15x here)
 WRITES_K = 5  # top-k of the copying test (as headscope weights --k)
 WRITES_EMBEDDING = "mlp0"
 WRITES_TOP = 5  # tokens shown per head
@@ -174,7 +174,7 @@ def add_writes(atlas: Atlas, loaded: Any, *, seed: int = 0, tokens: int = WRITES
 # --- whether it matters ---------------------------------------------------------------------------------
 
 
-def parse_ablate(value: str | None) -> str | int | list[tuple[int, int]] | None:
+def parse_ablate(value: str | int | None) -> str | int | list[tuple[int, int]] | None:
     """``--ablate``: None or "" (off), "all", a count N, or heads "L1H0,L0H3"."""
     if value is None or not str(value).strip():
         return None
@@ -196,7 +196,7 @@ def parse_ablate(value: str | None) -> str | int | list[tuple[int, int]] | None:
     return list(dict.fromkeys(heads))
 
 
-def check_ablate(loaded: Any, value: str | None) -> None:
+def check_ablate(loaded: Any, value: str | int | None) -> None:
     """Refuse ``--ablate`` before the first forward pass: a model with no next-token loss, or heads
     it does not have."""
     spec = parse_ablate(value)
@@ -278,7 +278,7 @@ def add_ablation(
     atlas: Atlas,
     loaded: Any,
     batches: Sequence[capture.Batch],
-    value: str | None,
+    value: str | int | None,
     *,
     draws: int = ABLATE_DRAWS,
     n_resamples: int = 1000,
