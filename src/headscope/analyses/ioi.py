@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from headscope import capture
-from headscope.capture.dla import HeadWrites
-from headscope.capture.patching import record_block_inputs, rerun_block
+from headscope.capture.dla import HeadWrites, attention_layers
+from headscope.capture.patching import BlockInputs, BlockRecorder, record_block_inputs, rerun_block
 from headscope.data.circuits import IOISet, load_ioi, occurrences
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
@@ -270,6 +270,24 @@ def _name_movers(table: Any, data: str, role: str) -> list[Head]:
     return [(int(r.layer), int(r.head)) for r in rows.itertuples()]
 
 
+@dataclass
+class CleanRecord:
+    """What path patching needs from one clean batch, kept by the main clean pass: each possible
+    receiver block's input at END, keys and values, and each possible sender's write at END."""
+
+    blocks: dict[int, BlockInputs] = field(repr=False)
+    writes: dict[int, torch.Tensor] = field(repr=False)  # layer -> [B, H, D]
+
+
+def patching_reads(loaded: LoadedModel) -> tuple[HeadWrites, BlockRecorder]:
+    """The main clean pass's reads when path patching follows: the heads' writes at END (with DLA
+    toward IO against S) kept for every possible sender, and every possible receiver block's input
+    at END with its keys and values. The receivers are known only once this pass is scored."""
+    layers = attention_layers(loaded)
+    writes = HeadWrites(loaded, _ends, _names, keep=set(layers[:-1]))
+    return writes, BlockRecorder(loaded, layers[1:], positions_of=_ends)
+
+
 def s_inhibition(
     loaded: LoadedModel,
     clean: list[capture.Batch],
@@ -278,8 +296,13 @@ def s_inhibition(
     n_examples: int,
     data: str,
     progress: ProgressFactory | None = None,
+    recorded: Sequence[CleanRecord] | None = None,
 ) -> DetectorResult:
-    """Path patching from every earlier head's output at END (corrupted run) into the receivers' queries."""
+    """Path patching from every earlier head's output at END (corrupted run) into the receivers' queries.
+
+    ``recorded`` (one per clean batch, from the main clean pass: :func:`patching_reads`) holds the
+    receivers' block inputs and the senders' clean writes; without it each clean batch runs again
+    to record them. Either way the numbers are the same (to float noise)."""
     layout = loaded.layout
     by_layer: dict[int, list[int]] = {}
     for layer, head in receivers:
@@ -292,30 +315,37 @@ def s_inhibition(
     for layer in range(layout.n_layers):
         reached[layer] = sum(len(h) for r, h in by_layer.items() if r > layer)
     advance = progress(f"{data}: path patching", len(clean)) if progress else None
-    for clean_batch, corrupt_batch in zip(clean, corrupt, strict=True):
+    for index, (clean_batch, corrupt_batch) in enumerate(zip(clean, corrupt, strict=True)):
         ends_clean, ends_corrupt = _ends(clean_batch), _ends(corrupt_batch)
         corrupted = HeadWrites(loaded, lambda b, e=ends_corrupt: e, keep=senders)
         # The senders' writes are all this pass is for: it ends after the last sender layer.
         capture.run(loaded, [corrupt_batch], None, writes=corrupted, stop_after=last - 1)
-        clean_writes = HeadWrites(loaded, lambda b, e=ends_clean: e, keep=senders)
-        inputs = record_block_inputs(loaded, clean_batch, by_layer, writes=clean_writes)
+        if recorded is not None:
+            inputs, clean_kept = recorded[index].blocks, recorded[index].writes
+        else:
+            clean_writes = HeadWrites(loaded, lambda b, e=ends_clean: e, keep=senders)
+            inputs = record_block_inputs(loaded, clean_batch, by_layer, writes=clean_writes)
+            clean_kept = clean_writes.kept
         rows = clean_batch.example_index
+        signs = _preference_signs(clean_batch)
         effect = torch.zeros(len(rows), layout.n_layers, layout.n_heads, dtype=torch.float64)
         for receiver_layer, heads in sorted(by_layer.items()):
-            base = _receiver_preference(
-                loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, None
-            )
             sending = [layer for layer in range(receiver_layer) if layer in corrupted.kept]
+            if not sending:  # no earlier head to patch: nothing reaches this receiver
+                continue
+            base = _receiver_preference(
+                loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, signs, None
+            )
             # Every head of several sender layers at once: one copy of the batch per head, at most
             # PATCH_ROWS rows per replay of the receivers' block.
             step = max(1, PATCH_ROWS // (layout.n_heads * len(rows)))
             for start in range(0, len(sending), step):
                 chunk = sending[start : start + step]
                 delta = torch.cat(
-                    [(corrupted.kept[layer] - clean_writes.kept[layer]).transpose(0, 1) for layer in chunk]
+                    [(corrupted.kept[layer] - clean_kept[layer]).transpose(0, 1) for layer in chunk]
                 )  # [len(chunk) * H, B, D]
                 patched = _receiver_preference(
-                    loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, delta
+                    loaded, receiver_layer, heads, inputs[receiver_layer], clean_batch, signs, delta
                 )
                 effect[:, chunk] += base[:, None, None] - patched.view(
                     len(chunk), layout.n_heads, -1
@@ -336,27 +366,37 @@ def s_inhibition(
     )
 
 
+def _preference_signs(batch: capture.Batch) -> torch.Tensor:
+    """[B, T] float64: +1 at each row's IO tokens, -1 at its S1 and S2 tokens (0 elsewhere)."""
+    signs = torch.zeros(len(batch.meta), batch.input_ids.shape[1], dtype=torch.float64)
+    for row, meta in enumerate(batch.meta):
+        targets = meta["targets"]
+        for key, sign in (("io", 1.0), ("s1", -1.0), ("s2", -1.0)):
+            for position in targets[key]:
+                signs[row, position] += sign
+    return signs
+
+
 def _receiver_preference(
     loaded: LoadedModel,
     layer: int,
     heads: list[int],
-    inputs: Any,
+    inputs: BlockInputs,
     batch: capture.Batch,
+    signs: torch.Tensor,
     delta: torch.Tensor | None,
 ) -> torch.Tensor:
-    """[copies * B] summed over ``heads``: attention from END to IO minus attention to S1 and S2."""
+    """[copies * B] summed over ``heads``: attention from END to IO minus attention to S1 and S2
+    (``signs``: :func:`_preference_signs` of ``batch``)."""
     ends = _ends(batch)
     copies = 1 if delta is None or delta.dim() == 2 else delta.shape[0]
     out = torch.zeros(copies * len(ends), dtype=torch.float64)
+    chosen = torch.as_tensor(heads, dtype=torch.long)
 
     def on_layer(_layer: int, attn: torch.Tensor, b: capture.Batch, q_start: int) -> None:
         # Only END's query is computed: one query row per row (copies of the batch side by side).
-        for row, meta in enumerate(b.meta):
-            weights = attn[row, heads, 0].double().cpu()  # [h, K']
-            targets = meta["targets"]
-            io = weights[:, targets["io"]].sum()
-            s = weights[:, targets["s1"]].sum() + weights[:, targets["s2"]].sum()
-            out[row] += float(io - s)
+        weights = attn[:, chosen.to(attn.device), 0].double().sum(1).cpu()  # [copies * B, K']
+        out.add_((weights * signs[:, : weights.shape[-1]].repeat(copies, 1)).sum(-1))
 
     rerun_block(loaded, layer, inputs, batch, delta, ends, on_layer, only_positions=True)
     return out
@@ -393,7 +433,10 @@ def ioi(
 
     detector = IOIAttentionDetector()
     detector.start(loaded.layout, n)
-    writes = HeadWrites(loaded, _ends, _names)
+    # Path patching replays blocks of this clean pass: it keeps what they need as it goes.
+    record = patch and loaded.capture_mode == "stream" and len(attention_layers(loaded)) > 1
+    writes, blocks = patching_reads(loaded) if record else (HeadWrites(loaded, _ends, _names), None)
+    recorded: list[CleanRecord] = []
     dla = torch.zeros(n, loaded.layout.n_layers, loaded.layout.n_heads, dtype=torch.float64)
     diffs = torch.zeros(n, dtype=torch.float64)
     advance = progress(data, n) if progress else None
@@ -404,6 +447,8 @@ def ioi(
     def on_batch_done(batch: capture.Batch) -> None:
         assert writes.dla is not None
         dla[batch.example_index] = writes.dla
+        if blocks is not None:
+            recorded.append(CleanRecord(blocks.recorded, writes.kept))
         if advance:
             advance(len(batch.example_index))
 
@@ -416,6 +461,7 @@ def ioi(
         writes=writes,
         on_hidden=on_hidden,
         on_batch_done=on_batch_done,
+        blocks=blocks,
     )
     ones = torch.ones(n, dtype=torch.float64)
     results = detector.results(data)
@@ -434,7 +480,7 @@ def ioi(
             f"{data}: no S-inhibition path patching: it needs streaming capture, and this model runs eager"
         )
     elif patch and movers:
-        results.append(s_inhibition(loaded, clean, corrupt, movers, n, data, progress))
+        results.append(s_inhibition(loaded, clean, corrupt, movers, n, data, progress, recorded or None))
         table = assign_roles(
             head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed), rule
         )

@@ -7,17 +7,17 @@ their clean values. Only the queries see the change, and no block between sender
 recomputes anything: the sender's effect is restricted to the direct path into the receivers'
 queries (Wang et al. 2022, path patching to the name movers' queries).
 
-:func:`record_block_inputs` runs the clean forward pass once and keeps, for each receiver
-block, the arguments it was called with and its keys and values; :func:`rerun_block` replays one
-block on a changed residual stream and hands its attention weights to a callback.
+:class:`~headscope.capture.stream.BlockRecorder` keeps, for each receiver block, the arguments it
+was called with and its keys and values, as a read of a clean pass (``capture.run(..., blocks=...)``);
+:func:`record_block_inputs` runs a clean pass of its own for that. :func:`rerun_block` replays one
+block on a changed residual stream, hands its attention weights to a callback, and ends the block
+there: nothing after the attention weights is computed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,22 +27,18 @@ from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
 from .dla import HeadWrites
-from .hooks import hooked
-from .stream import LayerCallback, _sink, model_inputs, prepared, stopping_after
+from .stream import (
+    BlockInputs,
+    BlockRecorder,
+    LayerCallback,
+    _sink,
+    _Stop,
+    model_inputs,
+    prepared,
+    stopping_after,
+)
 
-
-@dataclass
-class BlockInputs:
-    """What one block received in the clean pass: its hidden states, other arguments, K and V."""
-
-    hidden: torch.Tensor  # [B, T, D]
-    args: tuple
-    kwargs: dict[str, Any]
-    kv: tuple[torch.Tensor, torch.Tensor]
-
-
-def _noop(*_: Any) -> None:
-    return None
+__all__ = ["BlockInputs", "BlockRecorder", "record_block_inputs", "rerun_block"]
 
 
 def record_block_inputs(
@@ -50,47 +46,30 @@ def record_block_inputs(
 ) -> dict[int, BlockInputs]:
     """One clean forward pass of ``batch`` that keeps each block of ``layers``' inputs, K and V.
 
-    ``writes`` (optional) records the heads' writes in the same pass.
+    ``writes`` (optional) records the heads' writes in the same pass. A pass that is already made
+    can keep them itself instead: ``capture.run(..., blocks=BlockRecorder(...))``.
     """
-    if loaded.capture_mode != "stream":
-        raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
-    wanted = sorted(set(layers))
-    blocks = model_blocks(loaded.model)
-    saved: dict[int, tuple[torch.Tensor, tuple, dict]] = {}
-
-    def pre(_module: Any, args: tuple, kwargs: dict, layer: int) -> None:
-        if args:
-            saved[layer] = (args[0].detach().clone(), args[1:], dict(kwargs))
-        else:
-            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-            saved[layer] = (kwargs["hidden_states"].detach().clone(), (), rest)
-
+    recorder = BlockRecorder(loaded, layers)
     on_device = batch.to(loaded.device)
     inputs = model_inputs(loaded, on_device)
-    with hooked() as hooks:
-        for layer in wanted:
-            hooks.before(blocks[layer], functools.partial(pre, layer=layer), with_kwargs=True)
-        if writes is not None:
-            writes.begin(on_device)
-        with (
-            prepared(loaded),
-            torch.inference_mode(),
-            _sink(None, on_device) as sink,
-            writes.hooked() if writes is not None else contextlib.nullcontext(),
-        ):
-            sink.record_kv = set(wanted)
-            # Blocks after the last wanted one cannot change what is recorded: the pass stops there.
-            with stopping_after(loaded, max(wanted)) as stopped:
-                stopped(loaded.base, inputs)
-        if writes is not None:
-            writes.finish()
-    missing = [layer for layer in wanted if layer not in saved or layer not in sink.kv]
-    if missing:
-        raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")
-    return {
-        layer: BlockInputs(saved[layer][0], saved[layer][1], saved[layer][2], sink.kv[layer])
-        for layer in wanted
-    }
+    recorder.begin(on_device)
+    if writes is not None:
+        writes.begin(on_device)
+    with (
+        recorder.hooked(),
+        prepared(loaded),
+        torch.inference_mode(),
+        _sink(None, on_device) as sink,
+        writes.hooked() if writes is not None else contextlib.nullcontext(),
+    ):
+        sink.record_kv = set(recorder.layers)
+        # Blocks after the last wanted one cannot change what is recorded: the pass stops there.
+        with stopping_after(loaded, max(recorder.layers)) as stopped:
+            stopped(loaded.base, inputs)
+    if writes is not None:
+        writes.finish()
+    recorder.finish(sink.kv)
+    return recorder.recorded
 
 
 def _tile(value: Any, rows: int, copies: int) -> Any:
@@ -145,9 +124,13 @@ def rerun_block(
 ) -> None:
     """Run block ``layer`` again with ``delta`` added to the residual at ``positions[B]``.
 
-    With ``only_positions`` the block computes just the query (and MLP) at ``positions``: since
-    keys and values are held at their clean values, the other queries cannot change, and this is
-    about T times cheaper. ``on_layer`` then gets one query row per row, ``[rows, H, 1, T]``.
+    With ``only_positions`` the block computes just the query at ``positions``: since keys and
+    values are held at their clean values, the other queries cannot change, and this is about T
+    times cheaper. ``on_layer`` then gets one query row per row, ``[rows, H, 1, T]``. Inputs kept
+    at one position per row (``inputs.at``) replay only those positions.
+
+    The block ends once its attention weights are delivered: its output projection, MLP and
+    residual additions never run (nothing of them is read).
 
     ``delta`` is ``[B, D]``, or ``[S, B, D]`` for S alternative changes run side by side as
     S copies of the batch (row ``s * B + b`` of the weights is copy s of row b). Keys and values
@@ -156,11 +139,27 @@ def rerun_block(
     """
     rows = inputs.hidden.shape[0]
     copies = 1 if delta is None or delta.dim() == 2 else delta.shape[0]
-    hidden = inputs.hidden.repeat(copies, 1, 1)
-    if delta is not None:
-        flat = delta.reshape(copies * rows, -1).to(device=hidden.device, dtype=hidden.dtype)
-        index = torch.arange(copies * rows, device=hidden.device)
-        hidden[index, positions.to(hidden.device).repeat(copies)] += flat
+    device = inputs.hidden.device
+    args, kwargs = inputs.args, inputs.kwargs
+    if inputs.at is not None and not (only_positions and torch.equal(inputs.at.cpu(), positions.cpu())):
+        raise RunFailure("this block's inputs were kept at one position per row: replay only those positions")
+    if only_positions:
+        # Each row's query at its position, selected before the copies are made.
+        length = inputs.kv[0].shape[-2]
+        index = torch.arange(rows, device=device)
+        at = positions.to(device)
+        hidden = inputs.hidden if inputs.at is not None else inputs.hidden[index, at][:, None]
+        args = _select(args, index, at, length)
+        kwargs = _select(kwargs, index, at, length)
+        hidden = hidden.repeat(copies, 1, 1)
+        if delta is not None:
+            hidden[:, 0] += delta.reshape(copies * rows, -1).to(device=device, dtype=hidden.dtype)
+    else:
+        hidden = inputs.hidden.repeat(copies, 1, 1)
+        if delta is not None:
+            flat = delta.reshape(copies * rows, -1).to(device=device, dtype=hidden.dtype)
+            index = torch.arange(copies * rows, device=device)
+            hidden[index, positions.to(device).repeat(copies)] += flat
     block = model_blocks(loaded.model)[layer]
     on_device = batch.to(loaded.device)
     if copies > 1:
@@ -172,16 +171,16 @@ def rerun_block(
             on_device.is_causal,
             list(on_device.meta) * copies,
         )
-    args = _tile(inputs.args, rows, copies)
-    kwargs = _tile(inputs.kwargs, rows, copies)
+    args = _tile(args, rows, copies)
+    kwargs = _tile(kwargs, rows, copies)
     kv = _tile(inputs.kv, rows, copies)
-    if only_positions:
-        length = hidden.shape[1]
-        index = torch.arange(hidden.shape[0], device=hidden.device)
-        at = positions.to(hidden.device).repeat(copies)
-        hidden = hidden[index, at][:, None]
-        args = _select(args, index, at, length)
-        kwargs = _select(kwargs, index, at, length)
-    with prepared(loaded), torch.inference_mode(), _sink(on_layer, on_device) as sink:
+    with (
+        prepared(loaded),
+        torch.inference_mode(),
+        _sink(on_layer, on_device) as sink,
+        contextlib.suppress(_Stop),
+    ):
         sink.kv_override = {layer: kv}
+        # Only the attention weights are read: the block ends after its attention function.
+        sink.halt_after_attention = True
         block(hidden, *args, **kwargs)

@@ -78,10 +78,12 @@ class _LayerSink:
         self.on_layer_done = on_layer_done
         self.recorder = recorder
         self.calls = 0
-        # Path patching: record some layers' keys and values, or replace them by recorded ones.
+        # Path patching: record some layers' keys and values, or replace them by recorded ones;
+        # a replay that wants only the attention weights ends its block after the attention.
         self.record_kv: set[int] = set()
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.kv_override: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.halt_after_attention = False
 
     def begin(self, module: Any) -> int:
         layer = getattr(module, "layer_idx", None)
@@ -223,6 +225,8 @@ def _finish(sink: _LayerSink | None, layer: int, output: torch.Tensor) -> tuple[
     """The layer's end for the sink (recorder, ablation), and the output in the model's layout."""
     if sink is not None:
         sink.end(layer)
+        if sink.halt_after_attention:
+            raise _Stop  # the weights are delivered: nothing after them is read
         if sink.recorder is not None:
             sink.recorder.add(layer, output, sink.batch)
         if sink.ablation is not None:
@@ -635,7 +639,8 @@ def model_inputs(loaded: Any, batch: Batch) -> dict[str, Any]:
 
 
 class _Stop(Exception):
-    """Raised before the first block a pass does not need; caught by :func:`stopping_after`."""
+    """Raised before the first block a pass does not need (caught by :func:`stopping_after`), or
+    after the attention of a replayed block (:func:`headscope.capture.patching.rerun_block`)."""
 
 
 @contextlib.contextmanager
@@ -692,6 +697,91 @@ def block_outputs(
             on_output(caught.pop("hidden"), on_device)
 
 
+@dataclass
+class BlockInputs:
+    """What one block received in a clean pass: its hidden states, its other arguments, its K and V.
+
+    ``hidden`` is ``[B, T, D]``, or ``[B, 1, D]`` with ``at`` set: only row b's position ``at[b]``
+    was kept (all a replay of that position's query needs). ``kv`` are the attention's keys and
+    values as the attention function received them (``[B, KV heads, T, head_dim]``).
+    """
+
+    hidden: torch.Tensor
+    args: tuple
+    kwargs: dict[str, Any]
+    kv: tuple[torch.Tensor, torch.Tensor]
+    at: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.hidden, *self.kv))
+
+
+class BlockRecorder:
+    """A read of a forward pass (``run(..., blocks=recorder)``): each block of ``layers``' inputs,
+    keys and values, for path patching's replays (:mod:`headscope.capture.patching`).
+
+    With ``positions_of`` only one position per row of the hidden states is kept (``BlockInputs.at``).
+    Like :class:`HeadWrites`, ``begin`` and ``finish`` run around each batch; after ``finish``,
+    ``recorded`` holds that batch's ``{layer: BlockInputs}``. Streaming capture only: the keys and
+    values are taken in the streaming attention function.
+    """
+
+    def __init__(
+        self, loaded: Any, layers: Iterable[int], positions_of: Callable[[Batch], torch.Tensor] | None = None
+    ) -> None:
+        from headscope.models.anatomy import blocks
+
+        if loaded.capture_mode != "stream":
+            raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
+        self.layers = sorted(set(layers))
+        self.positions_of = positions_of
+        self._blocks = blocks(loaded.model)
+        self._at: torch.Tensor | None = None
+        self._saved: dict[int, tuple[torch.Tensor, tuple, dict[str, Any]]] = {}
+        self.recorded: dict[int, BlockInputs] = {}
+
+    def begin(self, batch: Batch) -> None:
+        self._saved = {}
+        self.recorded = {}
+        self._at = None if self.positions_of is None else self.positions_of(batch).to(batch.input_ids.device)
+
+    def _pre(self, layer: int) -> Callable[..., None]:
+        def hook(_module: Any, args: tuple, kwargs: dict) -> None:
+            if args:
+                hidden, rest, named = args[0], args[1:], dict(kwargs)
+            else:
+                hidden, rest = kwargs["hidden_states"], ()
+                named = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            if self._at is None:
+                kept = hidden.detach().clone()
+            else:
+                index = torch.arange(hidden.shape[0], device=hidden.device)
+                kept = hidden.detach()[index, self._at.to(hidden.device)][:, None]  # a copy
+            self._saved[layer] = (kept, rest, named)
+
+        return hook
+
+    @contextlib.contextmanager
+    def hooked(self) -> Iterator[None]:
+        with hooked() as hooks:
+            for layer in self.layers:
+                hooks.before(self._blocks[layer], self._pre(layer), with_kwargs=True)
+            yield
+
+    def finish(self, kv: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Join each block's inputs with its keys and values (the sink's ``kv``)."""
+        missing = [layer for layer in self.layers if layer not in self._saved or layer not in kv]
+        if missing:
+            raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")
+        at = None if self._at is None else self._at.cpu()
+        self.recorded = {
+            layer: BlockInputs(*self._saved[layer], kv[layer], at)
+            for layer in self.layers  # type: ignore[misc]
+        }
+        self._saved = {}
+
+
 def run(
     loaded: Any,
     batches: Iterable[Batch],
@@ -708,6 +798,7 @@ def run(
     stop_after: int | None = None,
     edits: Iterable[Edit | None] = (),
     ablation: AblateHeads | None = None,
+    blocks: BlockRecorder | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
 
@@ -736,9 +827,13 @@ def run(
     gets weights: ``on_pairs(layer, [PairWeights per part], batch)`` receives the weights at the
     pairs, from the fused kernel's log-sum-exp (where a layer cannot, its pairs' rows are computed
     exactly and go to ``on_layer`` instead).
+    ``blocks`` (:class:`BlockRecorder`, streaming capture only) keeps chosen blocks' inputs, keys
+    and values in the same pass, for path patching's replays; complete when ``on_batch_done`` is called.
     """
     if recorder is not None and loaded.capture_mode != "stream":
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
+    if blocks is not None and loaded.capture_mode != "stream":
+        raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
     listed = [*edits, ablation]
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
@@ -766,7 +861,12 @@ def run(
                 book.note(*on_device.input_ids.shape, share)
             if writes is not None:
                 writes.begin(on_device)
-            with writes.hooked() if writes is not None else contextlib.nullcontext():
+            if blocks is not None:
+                blocks.begin(on_device)
+            with (
+                writes.hooked() if writes is not None else contextlib.nullcontext(),
+                blocks.hooked() if blocks is not None else contextlib.nullcontext(),
+            ):
                 if loaded.capture_mode == "stream":
                     with _sink(
                         on_layer,
@@ -778,7 +878,11 @@ def run(
                         reads,
                         on_pairs,
                     ) as sink:
+                        if blocks is not None:
+                            sink.record_kv = set(blocks.layers)
                         out = stopped(module, inputs)
+                    if blocks is not None:
+                        blocks.finish(sink.kv)
                     if sink.calls != n_layers:
                         raise RunFailure(
                             f"expected attention from {n_layers} layers, captured {sink.calls}",
