@@ -36,78 +36,149 @@ from .templates import QUERY_CLASSES, Template, Text, template_targets
 N_CLASSES = len(QUERY_CLASSES)
 
 
+BLOCK = 16  # consecutive query rows per sampled block (each block is one exact span per layer)
+_CACHE_BYTES = 256 << 20  # template maps kept per batch (every layer of a batch reads the same ones)
+
+
+class RowSample:
+    """The query rows a describe pass reads: ``rows`` per window, in blocks of :data:`BLOCK`
+    consecutive queries laid out systematically (a random offset, then every ``stride``), drawn
+    once per batch from ``seed`` and shared by the batch's windows (so the capture computes exact
+    weights for those rows only, in a few spans, and runs the rest through the fused kernel).
+
+    Every position has the same chance ``BLOCK / stride`` to be read, so a window's mean over its
+    read queries is an unbiased estimate of its mean over all its queries: the measure (the mean
+    over the head's queries) is unchanged, the sample is its estimator. ``rows`` None, or at least
+    the batch's length: every row (the exact value)."""
+
+    def __init__(self, rows: int | None, seed: int = 0, salt: int = 0) -> None:
+        self.rows, self.seed, self.salt = rows, seed, salt
+
+    def every_row(self, length: int) -> bool:
+        return self.rows is None or self.rows >= length
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        """``[B, T]`` True at the rows read (real tokens only)."""
+        key = f"describe-rows:{id(self)}"
+        if key not in batch._cache:
+            real = batch.attention_mask.bool()
+            length = real.shape[1]
+            if self.every_row(length):
+                batch._cache[key] = real
+            else:
+                rows = max(1, int(self.rows))  # type: ignore[arg-type]
+                block = min(BLOCK, rows)
+                stride = max(block, round(length * block / rows))
+                first = int(batch.example_index.min()) if len(batch.example_index) else 0
+                offset = int(np.random.default_rng((self.seed, self.salt, first)).integers(stride))
+                position = torch.arange(length, device=real.device)
+                read = (position - offset).remainder(stride) < block
+                batch._cache[key] = real & read[None, :]
+        return batch._cache[key]
+
+
 class TemplateMaps:
     """Each template's target weights for one chunk of a batch, built from the texts' targets
-    (``[templates, B, c, K']``), and normalised over the keys a layer's mask leaves visible."""
+    (``[templates, B, c, K']``), and normalised over the keys a layer's mask leaves visible. The
+    chunks of the current batch are kept (within :data:`_CACHE_BYTES`): every layer reads them."""
 
     def __init__(self, templates: Sequence[Template], texts: Sequence[Text]) -> None:
         self.templates = list(templates)
         self.texts = texts
-        self._targets: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-        self._raw: tuple[Any, torch.Tensor] | None = None
-        self._by_query: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._normed: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        self._targets: dict[int, tuple[np.ndarray, ...]] = {}
+        self._batch: int | None = None
+        # (q_start, stop, keys) -> (raw, [(visible, normed, by_query or None)])
+        self._chunks: dict[tuple[int, int, int], tuple[torch.Tensor, list[list[Any]]]] = {}
+        self._bytes = 0
 
-    def targets(self, example: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def targets(self, example: int) -> tuple[np.ndarray, ...]:
+        """``(template, query, key, weight)`` of every template's targets in one window, by query."""
         if example not in self._targets:
             text = self.texts[example]
-            found = []
-            for template in self.templates:
-                q, k, w = template_targets(template, text)
-                order = np.argsort(q, kind="stable")
-                found.append((q[order], k[order], w[order]))
-            self._targets[example] = found
+            parts = [template_targets(template, text) for template in self.templates]
+            t = np.concatenate([np.full(len(q), i, dtype=np.int64) for i, (q, _, _) in enumerate(parts)])
+            q, k, w = (np.concatenate([np.asarray(p[j]) for p in parts]) for j in range(3))
+            order = np.argsort(q, kind="stable")
+            self._targets[example] = (
+                t[order],
+                q[order].astype(np.int64),
+                k[order].astype(np.int64),
+                w[order].astype(np.float64),
+            )
         return self._targets[example]
 
-    def raw(self, batch: Batch, q_start: int, stop: int, keys: int) -> torch.Tensor:
-        key = (id(batch), q_start, stop, keys)
-        if self._raw is not None and self._raw[0] == key:
-            return self._raw[1]
+    def _chunk(
+        self, batch: Batch, q_start: int, stop: int, keys: int
+    ) -> tuple[torch.Tensor, list[list[Any]]]:
+        if self._batch != id(batch):
+            self._batch, self._chunks, self._bytes = id(batch), {}, 0
+        key = (q_start, stop, keys)
+        if key in self._chunks:
+            return self._chunks[key]
         rows = batch.input_ids.shape[0]
         out = torch.zeros(len(self.templates), rows, stop - q_start, keys, dtype=torch.float32)
         for row, example in enumerate(batch.example_index.tolist()):
-            for t, (q, k, w) in enumerate(self.targets(example)):
-                lo, hi = np.searchsorted(q, q_start), np.searchsorted(q, stop)
-                if hi <= lo:
-                    continue
-                qq, kk, ww = q[lo:hi], k[lo:hi], w[lo:hi]
-                inside = kk < keys
-                out[t, row].index_put_(
-                    (torch.from_numpy(qq[inside] - q_start), torch.from_numpy(kk[inside])),
-                    torch.from_numpy(ww[inside]).float(),
-                    accumulate=True,
-                )
-        self._raw = (key, out)
-        self._normed = []
-        return out
+            t, q, k, w = self.targets(example)
+            lo, hi = np.searchsorted(q, q_start), np.searchsorted(q, stop)
+            if hi <= lo:
+                continue
+            tt, qq, kk, ww = t[lo:hi], q[lo:hi], k[lo:hi], w[lo:hi]
+            inside = kk < keys
+            out[:, row].index_put_(
+                (
+                    torch.from_numpy(tt[inside]),
+                    torch.from_numpy(qq[inside] - q_start),
+                    torch.from_numpy(kk[inside]),
+                ),
+                torch.from_numpy(ww[inside]).float(),
+                accumulate=True,
+            )
+        entry: tuple[torch.Tensor, list[list[Any]]] = (out, [])
+        size = out.numel() * out.element_size()
+        if self._bytes + 3 * size <= _CACHE_BYTES:  # raw, normalised, and laid out by query
+            self._chunks[key] = entry
+            self._bytes += 3 * size
+        else:  # too big to keep: only this chunk, as before
+            self._chunks = {key: entry}
+            self._bytes = 3 * size
+        return entry
+
+    def raw(self, batch: Batch, q_start: int, stop: int, keys: int) -> torch.Tensor:
+        return self._chunk(batch, q_start, stop, keys)[0]
 
     def normalised(self, batch: Batch, q_start: int, stop: int, keys: int) -> tuple[torch.Tensor, int, bool]:
         """``(P [templates, B, c, K'], which, new)``: the distributions under this layer's mask.
         ``which`` numbers the distinct masks seen for this chunk (layers with the same mask share
         one); ``new`` is True the first time a mask is seen."""
-        raw = self.raw(batch, q_start, stop, keys)
+        raw, seen = self._chunk(batch, q_start, stop, keys)
         visible = batch.visible(q_start, stop, keys)
-        for which, (seen, _, normed) in enumerate(self._normed):
-            if seen.shape == visible.shape and torch.equal(seen, visible):
-                return normed, which, False
+        for which, entry in enumerate(seen):
+            if entry[0].shape == visible.shape and torch.equal(entry[0], visible):
+                return entry[1], which, False
         masked = raw * visible[None].to(raw.dtype)
         total = masked.sum(-1, keepdim=True)
         normed = torch.where(total > 0, masked / total.clamp(min=1e-30), masked)
-        self._normed.append((visible.clone(), total, normed))
-        self._by_query = None
-        return normed, len(self._normed) - 1, True
+        seen.append([visible.clone(), normed, None])
+        return normed, len(seen) - 1, True
 
     def by_query(self, normed: torch.Tensor) -> torch.Tensor:
         """``normed`` laid out ``[B, c, K', templates]`` (contiguous), for one matmul per query row;
         kept for the layers that share the mask."""
-        if self._by_query is None or self._by_query[0] is not normed:
-            self._by_query = (normed, normed.permute(1, 2, 3, 0).contiguous())
-        return self._by_query[1]
+        for _, seen in self._chunks.values():
+            for entry in seen:
+                if entry[1] is normed:
+                    if entry[2] is None:
+                        entry[2] = normed.permute(1, 2, 3, 0).contiguous()
+                    return entry[2]
+        return normed.permute(1, 2, 3, 0).contiguous()
 
 
-def query_classes(batch: Batch, texts: Sequence[Text], q_start: int, stop: int) -> torch.Tensor:
-    """``[B, c]`` each query's class (-1: not a query: special, padding, or position 0)."""
-    key = f"describe-classes:{q_start}:{stop}"
+def query_classes(
+    batch: Batch, texts: Sequence[Text], q_start: int, stop: int, sample: RowSample | None = None
+) -> torch.Tensor:
+    """``[B, c]`` each query's class (-1: not a query: special, padding, position 0, or a row the
+    ``sample`` does not read)."""
+    key = f"describe-classes:{q_start}:{stop}:{id(sample) if sample is not None else ''}"
     if key not in batch._cache:
         rows = batch.input_ids.shape[0]
         out = torch.full((rows, stop - q_start), -1, dtype=torch.long)
@@ -117,40 +188,52 @@ def query_classes(batch: Batch, texts: Sequence[Text], q_start: int, stop: int) 
             out[row, : len(part)] = torch.from_numpy(part)
         if q_start == 0:
             out[:, 0] = -1
+        if sample is not None:
+            read = sample(batch)[:, q_start:stop].to(out.device)
+            out = torch.where(read, out, torch.full_like(out, -1))
         batch._cache[key] = out
     return batch._cache[key]
 
 
 class FitStats:
-    """The least-squares statistics of the fit split, streamed per chunk."""
+    """The least-squares statistics of the fit split, streamed per chunk (over the rows ``sample``
+    reads; None: every row)."""
 
-    def __init__(self, maps: TemplateMaps, texts: Sequence[Text], n_layers: int, n_heads: int) -> None:
+    def __init__(
+        self,
+        maps: TemplateMaps,
+        texts: Sequence[Text],
+        n_layers: int,
+        n_heads: int,
+        sample: RowSample | None = None,
+    ) -> None:
         n_t = len(maps.templates)
-        self.maps, self.texts = maps, texts
+        self.maps, self.texts, self.sample = maps, texts, sample
         self.b = torch.zeros(n_layers, N_CLASSES, n_heads, n_t, dtype=torch.float64)
         self.gram = torch.zeros(n_layers, N_CLASSES, n_t, n_t, dtype=torch.float64)
         self.sq = torch.zeros(n_layers, N_CLASSES, n_heads, dtype=torch.float64)
         self.counts = torch.zeros(N_CLASSES, dtype=torch.float64)
         self.hits = torch.zeros(N_CLASSES, n_t, dtype=torch.float64)  # queries where t has a target
-        self._grams: dict[tuple[Any, int], torch.Tensor] = {}
+        self._grams: dict[tuple[Any, ...], torch.Tensor] = {}
         self._first_layer: int | None = None
 
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int) -> None:
         stop = q_start + attn.shape[2]
         keys = attn.shape[3]
         probs, which, new = self.maps.normalised(batch, q_start, stop, keys)
-        classes = query_classes(batch, self.texts, q_start, stop)
+        classes = query_classes(batch, self.texts, q_start, stop, self.sample)
         onehot = torch.nn.functional.one_hot(classes.clamp(min=0), N_CLASSES).double()
         onehot = onehot * (classes >= 0)[..., None].double()  # [B, c, C]
         a = attn.float()
         b = torch.matmul(a.transpose(1, 2), self.maps.by_query(probs)).double()  # [B, c, H, T]
         self.b[layer] += torch.einsum("bqc,bqht->cht", onehot, b)
         self.sq[layer] += torch.einsum("bqc,bhq->ch", onehot, a.pow(2).sum(-1).double())
-        key = (id(batch), q_start, which)
+        key = (id(batch), q_start, stop, keys, which)
         if new or key not in self._grams:
-            gram = torch.einsum("tbqk,sbqk->bqts", probs, probs).double()
-            self._grams = {k: v for k, v in self._grams.items() if k[0] == id(batch) and k[1] == q_start}
-            self._grams[key] = torch.einsum("bqc,bqts->cts", onehot, gram)
+            # Per class, summed over the chunk's queries: kept for every chunk of the batch (the
+            # layers that share a mask share it).
+            self._grams = {k: v for k, v in self._grams.items() if k[0] == id(batch)}
+            self._grams[key] = _class_grams(probs, classes)
         self.gram[layer] += self._grams[key]
         if self._first_layer is None:
             self._first_layer = layer
@@ -158,6 +241,21 @@ class FitStats:
             self.counts += onehot.sum((0, 1))
             has = (probs.sum(-1) > 0).double()  # [t, B, c]
             self.hits += torch.einsum("bqc,tbq->ct", onehot, has)
+
+
+def _class_grams(probs: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    """``[C, T, T]``: per query class, ``Σ_q Σ_k P_t[q, k] P_s[q, k]`` over the chunk's queries of
+    that class (``probs [T, B, c, K']``, ``classes [B, c]``): one matmul per class."""
+    n_t, keys = probs.shape[0], probs.shape[-1]
+    flat = probs.reshape(n_t, -1, keys)
+    which = classes.reshape(-1)
+    out = torch.zeros(N_CLASSES, n_t, n_t, dtype=torch.float64)
+    for c in range(N_CLASSES):
+        at = torch.nonzero(which == c).flatten()
+        if len(at):
+            part = flat[:, at].reshape(n_t, -1)
+            out[c] = (part @ part.T).double()
+    return out
 
 
 # --- fitting --------------------------------------------------------------------------------------
@@ -316,10 +414,16 @@ class EvalStats:
     what the top-context cards need (each query's strongest key off the first token)."""
 
     def __init__(
-        self, maps: TemplateMaps, texts: Sequence[Text], fitted: Fitted, n_layers: int, n_heads: int
+        self,
+        maps: TemplateMaps,
+        texts: Sequence[Text],
+        fitted: Fitted,
+        n_layers: int,
+        n_heads: int,
+        sample: RowSample | None = None,
     ) -> None:
         n_e = len(texts)
-        self.maps, self.texts, self.fitted = maps, texts, fitted
+        self.maps, self.texts, self.fitted, self.sample = maps, texts, fitted, sample
         shape = (n_e, n_layers, n_heads)
         self.explained = torch.zeros(shape, dtype=torch.float64)
         self.explained_plain = torch.zeros(shape, dtype=torch.float64)
@@ -339,7 +443,7 @@ class EvalStats:
         stop = q_start + attn.shape[2]
         keys = attn.shape[3]
         probs, _, _ = self.maps.normalised(batch, q_start, stop, keys)
-        classes = query_classes(batch, self.texts, q_start, stop)
+        classes = query_classes(batch, self.texts, q_start, stop, self.sample)
         real = (classes >= 0).double()  # [B, c]
         a = attn.float()
         w = self._w[layer].permute(1, 0, 2)[classes.clamp(min=0)]  # [B, c, H, T]
