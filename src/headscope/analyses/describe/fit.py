@@ -279,17 +279,19 @@ def _project(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def solve(gram: torch.Tensor, b: torch.Tensor, iterations: int = 300) -> torch.Tensor:
+def solve(gram: torch.Tensor, b: torch.Tensor, iterations: int = 300, tol: float = 1e-9) -> torch.Tensor:
     """``argmin_w wᵀ G w − 2 bᵀ w`` under ``w ≥ 0, Σ w ≤ 1``, batched over the leading dims
-    (accelerated projected gradient)."""
+    (accelerated projected gradient; it stops early once no weight moves by more than ``tol``)."""
     step = 1.0 / (2 * torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1).clamp(min=1e-12))[..., None]
     w = torch.zeros_like(b)
     y, t = w.clone(), 1.0
-    for _ in range(iterations):
+    for i in range(iterations):
         grad = 2 * (torch.einsum("...ij,...j->...i", gram, y) - b)
         new = _project(y - step * grad)
         t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2
         y = new + ((t - 1) / t_next) * (new - w)
+        if i % 20 == 19 and float((new - w).abs().max()) < tol:
+            return new
         w, t = new, t_next
     return w
 
@@ -302,10 +304,11 @@ def greedy(gram: torch.Tensor, b: torch.Tensor, usable: torch.Tensor, max_templa
     """Forward selection (matching pursuit): ``gram [N, T, T]``, ``b [N, T]`` -> weights ``[N, T]``
     with at most ``max_templates`` non-zero. Each step adds the template whose one-dimensional step
     along the residual lowers the squared error most (``max(b − G w, 0)_t² / G_tt``), then refits
-    the chosen ones under ``w ≥ 0, Σ w ≤ 1``. ``usable [T]`` marks templates with a target somewhere."""
+    the chosen ones under ``w ≥ 0, Σ w ≤ 1``. ``usable`` (``[T]``, or ``[N, T]`` per problem) marks
+    templates with a target somewhere."""
     n, n_t = b.shape
     diagonal = torch.diagonal(gram, dim1=-2, dim2=-1)
-    open_ = usable[None, :].expand(n, n_t) & (diagonal > 1e-12)
+    open_ = (usable if usable.dim() == 2 else usable[None, :]).expand(n, n_t) & (diagonal > 1e-12)
     weights = torch.zeros(n, n_t, dtype=b.dtype)
     chosen = torch.zeros(n, 0, dtype=torch.long)
     rows = torch.arange(n)
@@ -371,8 +374,19 @@ def fit(
     # Unconditioned: every class pooled.
     gram_all = stats.gram.sum(1)  # [L, T, T]
     b_all = stats.b.sum(1)  # [L, H, T]
-    flat_gram = gram_all[:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t)
-    w_all = greedy(flat_gram, b_all.reshape(-1, n_t), usable, max_templates).reshape(n_layers, n_heads, n_t)
+    # Every problem in one batched greedy call: the pooled description of every head, then one per
+    # query class with enough fit queries (each head's problems are independent of the others').
+    grams = [gram_all[:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t)]
+    bs = [b_all.reshape(-1, n_t)]
+    usables = [usable[None].expand(n_layers * n_heads, n_t)]
+    classes = [c for c in range(n_classes) if conditioning and stats.counts[c] >= min_class_queries]
+    for c in classes:
+        grams.append(stats.gram[:, c][:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t))
+        bs.append(stats.b[:, c].reshape(-1, n_t))
+        usables.append((stats.hits[c] > 0)[None].expand(n_layers * n_heads, n_t))
+    found = greedy(torch.cat(grams), torch.cat(bs), torch.cat(usables), max_templates)
+    found = found.reshape(1 + len(classes), n_layers, n_heads, n_t)
+    w_all = found[0]
     weights = w_all[:, :, None, :].expand(n_layers, n_heads, n_classes, n_t).clone()
     conditioned = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     sq = stats.sq  # [L, C, H]
@@ -383,13 +397,7 @@ def fit(
     if conditioning:
         per_class = torch.zeros(n_layers, n_heads, n_classes, n_t, dtype=stats.b.dtype)
         for c in range(n_classes):
-            if stats.counts[c] < min_class_queries:
-                per_class[:, :, c] = w_all
-                continue
-            usable_c = stats.hits[c] > 0
-            flat = stats.gram[:, c][:, None].expand(n_layers, n_heads, n_t, n_t).reshape(-1, n_t, n_t)
-            found = greedy(flat, stats.b[:, c].reshape(-1, n_t), usable_c, max_templates)
-            per_class[:, :, c] = found.reshape(n_layers, n_heads, n_t)
+            per_class[:, :, c] = found[1 + classes.index(c)] if c in classes else w_all
         # Squared error on the fit split, per head: pooled description against per-class ones.
         err_all = torch.zeros(n_layers, n_heads, dtype=stats.b.dtype)
         err_cls = torch.zeros_like(err_all)
