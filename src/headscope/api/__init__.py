@@ -294,11 +294,15 @@ def show(
     device: str | None = None,
     dtype: str | None = None,
     capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
     profile: bool = False,
+    on_loaded: Callable[[LoadedModel], None] | None = None,
 ) -> AttentionMap:
     """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
     ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all".
-    ``profile=True``: its ``profile`` is the cost ledger, as with :func:`run`."""
+    The text and heads are checked before the model loads; ``on_loaded(loaded)`` is called once it
+    has. ``profile=True``: its ``profile`` is the cost ledger, as with :func:`run`."""
     from headscope.capture import prepared as borrowed
     from headscope.extend.show import check_request, show_attention
 
@@ -307,8 +311,18 @@ def show(
     from headscope.capture import ledger
 
     started = time.perf_counter()
-    loaded = load(model, tokenizer, device=device, dtype=dtype, capture=capture)
+    loaded = load(
+        model,
+        tokenizer,
+        device=device,
+        dtype=dtype,
+        capture=capture,
+        device_map=device_map,
+        revision=revision,
+    )
     load_seconds = time.perf_counter() - started
+    if on_loaded is not None:
+        on_loaded(loaded)
     with ledger.recording() if profile else nullcontext() as book:
         started = time.perf_counter()
         with borrowed(loaded):

@@ -8,34 +8,21 @@ groups it takes (``--top``, ``--capture``), its declared outputs (:class:`Output
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from headscope.analyses import ANALYSES
 from headscope.errors import InputError
-from headscope.extend.protocol import Analysis, Output
-from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, Writer, check_outputs
+from headscope.extend.protocol import Analysis, Output, option
+from headscope.models import DEFAULT_MODEL
+from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, check_outputs
 from headscope.registry import PluginWarning
 
-from .common import (
-    DEFAULT_MODEL,
-    Capture,
-    Csv,
-    Emit,
-    Load,
-    ModelArg,
-    Top,
-    app,
-    err,
-    handle_errors,
-    run_analysis,
-    wrote,
-)
-from .params import command
+from .common import Capture, Csv, Emit, Load, ModelArg, Top, app, err, run_analysis, wrote
+from .params import KEYWORD, command
 
 
 def _show_plugin_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
@@ -50,16 +37,30 @@ _previous = warnings.showwarning
 warnings.showwarning = _show_plugin_warning
 
 
+def _outputs(analysis: Analysis, first: bool) -> type:
+    """The analysis' declared outputs as an option group: ``--html PATH`` and the like."""
+    fields = [
+        (_param(o), Path | None, option(None, o.help, flag=o.flag))
+        for o in analysis.outputs
+        if o.first == first
+    ]
+    return dataclasses.make_dataclass("Outputs", fields, kw_only=True)
+
+
 def _param(output: Output) -> str:
     return "out_" + output.flag.lstrip("-").replace("-", "_")
 
 
-def _writer(output: Output) -> Writer:
-    """A writer of the table (:data:`WRITERS`) or a plugin's own ``writer(result, path, force)``."""
-    return WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
-
-
-# --- one command per analysis ------------------------------------------------------------------------
+def _check_outputs(chosen: list[tuple[Output, Path]], options: Any, force: bool) -> None:
+    """What the outputs need, before the options' own checks: a folder's own check, and ``needs``."""
+    for output, path in chosen:
+        if output.kind == "folder" and output.writer in FOLDER_CHECKS:
+            for note in FOLDER_CHECKS[output.writer](path, options, force):  # type: ignore[index]
+                err.print(f"note: {note}", soft_wrap=True)
+        if output.needs is not None and not getattr(options, output.needs):
+            check_outputs(force, (output.flag, path))
+            needs = "--" + output.needs.replace("_", "-")
+            raise InputError(output.refusal or f"{output.flag} needs {needs}", hint=output.hint)
 
 
 def _command_for(analysis: Analysis) -> None:
@@ -67,22 +68,10 @@ def _command_for(analysis: Analysis) -> None:
 
     def analysis_command(**given: Any) -> None:
         options, emit = given["options"], given["emit"]
-        chosen = [(o, given[_param(o)]) for o in analysis.outputs if given[_param(o)] is not None]
-        with handle_errors(emit.debug):  # what the outputs need, before the options' own checks
-            for output, path in chosen:
-                if output.kind == "folder" and output.writer in FOLDER_CHECKS:
-                    for note in FOLDER_CHECKS[output.writer](path, options, emit.force):  # type: ignore[index]
-                        err.print(f"note: {note}", soft_wrap=True)
-                if output.needs is not None and not getattr(options, output.needs):
-                    check_outputs(emit.force, (output.flag, path))
-                    needs = "--" + output.needs.replace("_", "-")
-                    raise InputError(output.refusal or f"{output.flag} needs {needs}", hint=output.hint)
-
-        def after(result: Any) -> None:
-            for output, path in chosen:
-                wrote(_writer(output)(result, path, emit.force))
-
-        run_analysis(
+        paths = dataclasses.asdict(given["first"]) | dataclasses.asdict(given["outputs"])
+        chosen = [(o, paths[_param(o)]) for o in analysis.outputs if paths[_param(o)] is not None]
+        _check_outputs(chosen, options, emit.force)
+        result = run_analysis(
             name,
             given["model"],
             options,
@@ -92,31 +81,24 @@ def _command_for(analysis: Analysis) -> None:
             top=given["top"].top if "top" in given else 10,
             csv=given["csv"].csv,
             outputs=tuple((o.flag, path) for o, path in chosen if o.kind == "file"),
-            after=after if chosen else None,
         )
+        for output, path in chosen:
+            writer = WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
+            wrote(writer(result, path, emit.force))
 
-    def keyword(param: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
-        return inspect.Parameter(
-            param, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-        )
-
-    extra = {
-        o: keyword(_param(o), Annotated[Path | None, typer.Option(o.flag, help=o.help)], None)
-        for o in analysis.outputs
+    groups = {
+        "options": analysis.options,
+        "first": _outputs(analysis, first=True),
+        "top": Top if analysis.takes_top else None,
+        "csv": Csv,
+        "outputs": _outputs(analysis, first=False),
+        "emit": Emit,
+        "load": Load,
+        "capture": Capture if analysis.takes_capture else None,
     }
-    params = [
-        inspect.Parameter(
-            "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DEFAULT_MODEL, annotation=ModelArg
-        ),
-        keyword("options", analysis.options),
-        *(p for o, p in extra.items() if o.first),
-        *([keyword("top", Top)] if analysis.takes_top else []),
-        keyword("csv", Csv),
-        *(p for o, p in extra.items() if not o.first),
-        keyword("emit", Emit),
-        keyword("load", Load),
-        *([keyword("capture", Capture)] if analysis.takes_capture else []),
-    ]
+    by_position = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter("model", by_position, default=DEFAULT_MODEL, annotation=ModelArg)]
+    params += [inspect.Parameter(n, KEYWORD, annotation=g) for n, g in groups.items() if g is not None]
     analysis_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     analysis_command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
     origin = ANALYSES.origin(name)
@@ -128,7 +110,9 @@ def _command_for(analysis: Analysis) -> None:
 
 def add_analysis_commands() -> None:
     """One command per registered analysis that has none yet (and can be one). Both registries are
-    read here, so a broken plugin of either kind is named once, whatever the command."""
+    read here, so a broken plugin of either kind is named once, whatever the command. The API is
+    imported first: a plugin that imports headscope while it loads finds it whole."""
+    import headscope.api  # noqa: F401
     from headscope.detectors import REGISTRY
 
     len(REGISTRY)

@@ -22,15 +22,9 @@ from rich.markup import escape
 
 from headscope import files
 from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
-from headscope.extend.protocol import option
+from headscope.extend.protocol import ENTRY, option
 from headscope.models.options import LoadOptions, spec_default
-from headscope.outputs.progress import (
-    INTERRUPTED,
-    PROFILE_NOTE,
-    PrintedParts,
-    checked_bars,
-    profile_line,
-)
+from headscope.outputs.progress import INTERRUPTED, PROFILE_NOTE, PrintedParts, checked_bars, profile_line
 from headscope.outputs.writing import check_outputs, render, table_file
 
 app = typer.Typer(
@@ -71,7 +65,12 @@ PLAIN = bool(os.environ.get("NO_COLOR"))
 out = _Stdout(highlight=False, color_system=None if PLAIN else "auto")
 err = Console(stderr=True, highlight=False, color_system=None if PLAIN else "auto")
 
-DEFAULT_MODEL = "smollm2-135m"
+
+def say(text: str) -> None:
+    """One message on stderr, as it is (no markup), unwrapped."""
+    err.print(text, soft_wrap=True, markup=False)
+
+
 ModelArg = Annotated[
     str,
     typer.Argument(
@@ -132,11 +131,6 @@ class Csv:
 
 
 @dataclass(kw_only=True)
-class Executor:
-    executor: str = option("local", "local worker processes, or Ray.", choices=("local", "ray"))
-
-
-@dataclass(kw_only=True)
 class Debug:
     debug: bool = option(False, "Show tracebacks and debug logs.")
 
@@ -145,10 +139,9 @@ class Debug:
 
 
 def _setup_logging(debug: bool) -> None:
-    level = logging.DEBUG if debug else logging.WARNING
     logger = logging.getLogger("headscope")
     logger.handlers[:] = [RichHandler(console=err, show_path=debug, show_time=False)]
-    logger.setLevel(level)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     if not debug:
         from transformers.utils import logging as hf_logging
 
@@ -200,20 +193,38 @@ def handle_errors(debug: bool) -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
-def load_model(model: str, options: LoadOptions) -> Any:
-    import headscope.api as hs
+@contextlib.contextmanager
+def loading(model: str) -> Iterator[Callable[[Any], None]]:
+    """A spinner on stderr while ``model`` loads (on a terminal), ended by the ``on_loaded(loaded)``
+    this yields (hs.show's, or called after hs.load), which prints the loaded model's layout."""
+    status = err.status(f"loading {model} … (a GGUF is dequantized once, then read from the cache)")
+    if not PLAIN:
+        status.start()
 
-    status = f"loading {model} … (a GGUF is dequantized once, then read from the cache)"
-    with contextlib.nullcontext() if PLAIN else err.status(status):
+    def on_loaded(loaded: Any) -> None:
+        status.stop()
+        kind = "causal" if loaded.is_causal else "bidirectional"
+        layout = loaded.layout.describe()
+        err.print(f"{loaded.name}: {layout}, {kind}, capture={loaded.capture_mode}", soft_wrap=True)
+
+    try:
+        yield on_loaded
+    finally:
+        status.stop()
+
+
+def load_model(model: str, options: LoadOptions) -> Any:
+    import headscope.api as hs  # here, not above: the plugins it loads warn through analyses' hook
+
+    with loading(model) as on_loaded:
         loaded = hs.load(model, **dataclasses.asdict(options))
-    layout = loaded.layout
-    kind = "causal" if loaded.is_causal else "bidirectional"
-    err.print(f"{loaded.name}: {layout.describe()}, {kind}, capture={loaded.capture_mode}", soft_wrap=True)
+        on_loaded(loaded)
     return loaded
 
 
-def print_profile(profile: Any, load_seconds: float, output_seconds: float) -> None:
+def print_profile(profile: Any, load_seconds: float, output_started: float) -> None:
     """``--profile``: the run's cost ledger (``hs.run(..., profile=True)``), after the output."""
+    output_seconds = time.perf_counter() - output_started
     err.print(profile_line(load_seconds, profile.costs, output_seconds), soft_wrap=True)
     err.print(PROFILE_NOTE, soft_wrap=True)
 
@@ -239,36 +250,25 @@ def write_output(
         wrote(f"{emit.fmt} to {files.write_atomic(emit.output, text, '-o', emit.force)}")
 
 
-@contextlib.contextmanager
-def entry_cli() -> Iterator[None]:
-    """Refusals name --flags, not keywords."""
-    from headscope.extend.protocol import ENTRY
-
-    entry = ENTRY.set("cli")
-    try:
-        yield
-    finally:
-        ENTRY.reset(entry)
-
-
 def run_analysis(
     name: str,
     model: str,
     options: Any,
-    load: Load,
+    load: Any,
     emit: Emit,
     *,
     capture: Any = None,
     top: int = 10,
     csv: Path | None = None,
     outputs: tuple[tuple[str, Path | None], ...] = (),
-    after: Callable[[Any], None] | None = None,
-) -> None:
-    """Every analysis command: check, load, run (and verify) through the API, render, write files."""
+) -> Any:
+    """Every analysis command: check, load, run (and verify) through the API, render, write --csv;
+    returns the result (for the analysis' own output files)."""
     import headscope.api as hs
     from headscope.outputs import report
 
-    with entry_cli(), handle_errors(emit.debug):
+    entry = ENTRY.set("cli")  # refusals name --flags, not keywords
+    try:
         planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
         started = time.perf_counter()
@@ -282,19 +282,19 @@ def run_analysis(
                 progress.on_part = lambda part: printed.show(part, progress)
             result = hs.run(name, loaded, planned=planned, progress=progress, profile=load.profile)
         started = time.perf_counter()
+        start = printed.sections if printed is not None else 0
         write_output(
             emit,
-            lambda console: report.print_result(
-                result, console, top, start=printed.sections if printed is not None else 0
-            ),
+            lambda console: report.print_result(result, console, top, start=start),
             lambda: report.table_csv(result.table),
             lambda: result.to_dict(name),
         )
         if result.profile is not None:
-            print_profile(result.profile, loaded_seconds, time.perf_counter() - started)
+            print_profile(result.profile, loaded_seconds, started)
         for note in result.notes:
             err.print(f"note: {note}", soft_wrap=True)
         if csv is not None:
             wrote(table_file(csv, result.table, emit.force))
-        if after is not None:
-            after(result)
+        return result
+    finally:
+        ENTRY.reset(entry)

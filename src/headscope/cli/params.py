@@ -2,9 +2,10 @@
 
 A command names its option groups as parameters annotated with a dataclass; :func:`command`
 replaces each such parameter by the group's fields (flag, help, range and choices come from the
-field's metadata, see :func:`headscope.extend.protocol.option`) and hands the command one
-instance of the group. So ``--device`` or ``--resamples`` is written in one place with one help
-text, and the analyses' options are the same declaration the Python API reads.
+field's metadata, see :func:`headscope.extend.protocol.option`; a field without a default is a
+required option) and hands the command one instance of the group. So ``--device`` or
+``--resamples`` is written in one place with one help text, and the analyses' options are the same
+declaration the Python API reads.
 """
 
 from __future__ import annotations
@@ -24,44 +25,42 @@ from headscope.errors import HeadscopeError
 from headscope.extend.protocol import check_value, flag_of
 from headscope.outputs.html import COMMAND_LINE
 
-_ENUMS: dict[tuple[str, tuple[str, ...]], type[Enum]] = {}
+from .common import handle_errors
+
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 
+@functools.cache
 def _choice_enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
     """typer shows and checks choices from an Enum; one per (option, choices)."""
-    key = (name, choices)
-    if key not in _ENUMS:
-        _ENUMS[key] = Enum(name.title().replace("_", ""), {c: c for c in choices}, type=str)  # type: ignore[misc]
-    return _ENUMS[key]
+    return Enum(name.title().replace("_", ""), {c: c for c in choices}, type=str)  # type: ignore[return-value]
 
 
 def is_group(annotation: Any) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
 
-def _parameter(field: dataclasses.Field, hints: dict[str, Any]) -> inspect.Parameter:
+def _parameter(field: dataclasses.Field, kind: Any) -> inspect.Parameter:
     meta = field.metadata
-    annotation = meta.get("cli_type") or hints[field.name]
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-    choices = meta.get("choices")
-    if choices:
-        enum = _choice_enum(field.name, tuple(choices))
-        annotation = enum
-        default = enum(default) if default is not None else None
-    flags = flag_of(field)
-    names = flags if isinstance(flags, tuple) else (flags,)
+    annotation = meta.get("cli_type") or kind
+    factory = field.default_factory
+    default = field.default if factory is dataclasses.MISSING else factory()
+    default = inspect.Parameter.empty if default is dataclasses.MISSING else default
+    if meta.get("choices"):
+        annotation = _choice_enum(field.name, tuple(meta["choices"]))
+        default = annotation(default) if default is not None else None
     extra: dict[str, Any] = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
-    number = _number_kind(hints[field.name])
+    number = _number_kind(kind)
     if extra and number is not None:
         # typer would check the range itself, before our callback, and answer "Input should be less
         # than or equal to 1" for nan; its min and max stay for the help ("[0.0<=x<=1.0]"), and the
         # parser hands the value to check_value, which says "must be a finite number" or the range.
-        extra["parser"] = _number_parser(number, optional=type(None) in typing.get_args(hints[field.name]))
-    extra["callback"] = _callback(field, hints[field.name])
-    option = typer.Option(*names, help=meta.get("help"), **extra)
-    return inspect.Parameter(
-        field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
-    )
+        extra["parser"] = _number_parser(number, optional=type(None) in typing.get_args(kind))
+    flags = flag_of(field)
+    names = flags if isinstance(flags, tuple) else (flags,)
+    callback = None if meta.get("checked_by_api") else _callback(field, kind)
+    option = typer.Option(*names, help=meta.get("help"), callback=callback, **extra)
+    return inspect.Parameter(field.name, KEYWORD, default=default, annotation=Annotated[annotation, option])
 
 
 def _callback(field: dataclasses.Field, kind: Any) -> Callable[[Any], Any]:
@@ -132,60 +131,57 @@ def command_line(context: typer.Context) -> str:
     return " ".join(shlex.quote(word) for word in [*words, *options])
 
 
-def command(app: typer.Typer, name: str | None = None, **settings: Any) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as a command; its dataclass-annotated parameters become option groups."""
+def given(context: typer.Context, group: Any) -> dict[str, Any]:
+    """The fields of ``group`` the command line gave (not left at their defaults)."""
+    fields = dataclasses.fields(group)
+    sources = {f.name: context.get_parameter_source(f.name) for f in fields}  # typer's click: by name
+    return {n: getattr(group, n) for n, s in sources.items() if s is not None and s.name != "DEFAULT"}
+
+
+def command(app: typer.Typer, name: str | None = None) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as a command; its dataclass-annotated parameters become option groups (a
+    field two groups share is declared once), each in its place among the function's parameters.
+    It runs under :func:`handle_errors`, with the ``--debug`` of its groups."""
 
     def decorate(fn: Callable) -> Callable:
         hints = typing.get_type_hints(fn, include_extras=True)
-        signature = inspect.signature(fn)
-        own: list[inspect.Parameter] = []
+        own: list[str] = []
         groups: dict[str, type] = {}
-        fields_of: dict[str, list[str]] = {}
-        params: list[inspect.Parameter] = []  # in the function's order, each group expanded in place
-        seen: set[str] = set()
-        for param in signature.parameters.values():
+        params: dict[str, inspect.Parameter] = {}
+        for param in inspect.signature(fn).parameters.values():
             annotation = hints.get(param.name, param.annotation)
             if not is_group(annotation):
-                own.append(param.replace(annotation=annotation))
-                params.append(own[-1])
-                seen.add(param.name)
+                own.append(param.name)
+                params[param.name] = param.replace(annotation=annotation)
                 continue
             groups[param.name] = annotation
-            group_hints = typing.get_type_hints(annotation, include_extras=True)
-            fields_of[param.name] = []
+            kinds = typing.get_type_hints(annotation, include_extras=True)
             for field in dataclasses.fields(annotation):
-                fields_of[param.name].append(field.name)
-                if field.name not in seen:  # a field two groups share is declared once
-                    seen.add(field.name)
-                    params.append(_parameter(field, group_hints))
-
+                params.setdefault(field.name, _parameter(field, kinds[field.name]))
         # typer hands the command's context to the one parameter annotated typer.Context: the
         # command's own, or one added here, for the line the HTML report records.
-        context = next((p.name for p in own if p.annotation is typer.Context), None)
-        if context is None:
-            context = _CONTEXT
-            params.append(
-                inspect.Parameter(context, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-            )
+        context = next((n for n in own if params[n].annotation is typer.Context), _CONTEXT)
+        params.setdefault(context, inspect.Parameter(context, KEYWORD, annotation=typer.Context))
 
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
-            line = COMMAND_LINE.set(
-                command_line(kwargs[context] if context != _CONTEXT else kwargs.pop(context))
-            )
+            line = COMMAND_LINE.set(command_line(kwargs[context] if context in own else kwargs.pop(context)))
             try:
-                call = {p.name: kwargs[p.name] for p in own}
-                for group_name, group in groups.items():
-                    call[group_name] = group(**{f: _plain(kwargs[f]) for f in fields_of[group_name]})
-                return fn(**call)
+                with handle_errors(bool(kwargs.get("debug"))):
+                    call = {n: kwargs[n] for n in own}
+                    for group_name, group in groups.items():
+                        call[group_name] = group(
+                            **{f.name: _plain(kwargs[f.name]) for f in dataclasses.fields(group)}
+                        )
+                    return fn(**call)
             finally:
                 COMMAND_LINE.reset(line)
 
-        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__signature__ = inspect.Signature(list(params.values()))  # type: ignore[attr-defined]
         # typer reads the annotations too: resolved objects, not the strings of fn's module.
-        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        wrapper.__annotations__ = {p.name: p.annotation for p in params.values()}
         del wrapper.__wrapped__  # typer must read the new signature, not fn's
-        app.command(name, **settings)(wrapper)
+        app.command(name)(wrapper)
         return fn
 
     return decorate

