@@ -135,3 +135,25 @@ def test_a_replay_ends_after_the_attention_weights(patched):
         for handle in handles:
             handle.remove()
     assert ran == [] and len(seen) == 1 and seen[0][2] == 1
+
+
+def test_logits_of_chosen_tokens_are_those_of_the_whole_vocabulary(patched):
+    """IOI's logit difference reads two logits per row: the same numbers as the full LM head's."""
+    from headscope.capture.stream import output_logits, output_logits_of
+
+    loaded = patched[0]
+    hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(1)) * 3.0
+    tokens = torch.tensor([[1, 7], [20, 21], [49, 0], [3, 3], [10, 40]])
+    full = output_logits(loaded, hidden)
+    torch.testing.assert_close(
+        output_logits_of(loaded, hidden, tokens), full.gather(-1, tokens), rtol=1e-6, atol=1e-5
+    )
+    loaded.model.config.final_logit_softcapping = 2.0  # Gemma 2's final soft-cap, applied to both
+    try:
+        capped = output_logits(loaded, hidden)
+        assert not torch.allclose(capped, full)
+        torch.testing.assert_close(
+            output_logits_of(loaded, hidden, tokens), capped.gather(-1, tokens), rtol=1e-6, atol=1e-5
+        )
+    finally:
+        loaded.model.config.final_logit_softcapping = None

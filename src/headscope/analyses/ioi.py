@@ -33,6 +33,7 @@ import torch
 from headscope import capture
 from headscope.capture.dla import HeadWrites, attention_layers
 from headscope.capture.patching import BlockInputs, BlockRecorder, record_block_inputs, rerun_block
+from headscope.capture.stream import output_logits_of
 from headscope.data.circuits import IOISet, load_ioi, occurrences
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult
@@ -250,9 +251,8 @@ def _logit_diffs(loaded: LoadedModel, hidden: torch.Tensor, batch: capture.Batch
     """[B] logit(IO) - logit(S) at END, from the final hidden states (soft-capped as the model does)."""
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     at = hidden[rows, _ends(batch).to(hidden.device)]
-    logits = capture.output_logits(loaded, at)
-    io, s = _names(batch)
-    return (logits[rows, io.to(logits.device)] - logits[rows, s.to(logits.device)]).double().cpu()
+    logits = output_logits_of(loaded, at, torch.stack(_names(batch), dim=1))  # only IO's and S's
+    return (logits[:, 0] - logits[:, 1]).double().cpu()
 
 
 def _mean_ci(values: torch.Tensor, n_resamples: int, seed: int) -> tuple[float, tuple[float, float]]:
@@ -315,9 +315,9 @@ def s_inhibition(
     for layer in range(layout.n_layers):
         reached[layer] = sum(len(h) for r, h in by_layer.items() if r > layer)
     advance = progress(f"{data}: path patching", len(clean)) if progress else None
+    corrupted = HeadWrites(loaded, _ends, keep=senders)
     for index, (clean_batch, corrupt_batch) in enumerate(zip(clean, corrupt, strict=True)):
-        ends_clean, ends_corrupt = _ends(clean_batch), _ends(corrupt_batch)
-        corrupted = HeadWrites(loaded, lambda b, e=ends_corrupt: e, keep=senders)
+        ends_clean = _ends(clean_batch)
         # The senders' writes are all this pass is for: it ends after the last sender layer.
         capture.run(loaded, [corrupt_batch], None, writes=corrupted, stop_after=last - 1)
         if recorded is not None:

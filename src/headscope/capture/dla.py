@@ -157,6 +157,7 @@ def attention_layers(loaded: Any) -> list[int]:
 # --- the recorder ------------------------------------------------------------------------------------
 
 PositionsOf = Callable[[Batch], torch.Tensor]  # [B] one position per row
+_W_O_CACHE_BYTES = 128 << 20  # a recorder keeps float64 W_O of all layers up to this size
 TokensOf = Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]  # ([B] target ids, [B] foil ids)
 
 
@@ -197,6 +198,9 @@ class HeadWrites:
             attention = projections.attention_module(self.blocks[index])
             self.outputs[index] = projections.output_module(attention)
             self.w_o[index] = projections.output_projection(attention, loaded.layout.n_heads)
+        # float64 copies of W_O, made once per recorder where they are small (else once per pass).
+        self._w_o64: dict[int, torch.Tensor] = {}
+        self._cache_w_o = sum(w.numel() for w, _ in self.w_o.values()) * 8 <= _W_O_CACHE_BYTES
         self.post_norms = post_norms(loaded, self.layers)
         self.multiplier = anatomy.residual_multiplier(model.config)
         self._final_module = anatomy.final_norm(model) if tokens_of is not None else None
@@ -239,7 +243,12 @@ class HeadWrites:
         rows = torch.arange(heads.shape[0], device=heads.device)
         at = heads[rows, self._positions.to(heads.device)]  # [B, H * head_dim]
         at = at.reshape(at.shape[0], w_o.shape[0], -1)  # [B, H, head_dim]
-        writes = torch.einsum("bhd,hde->bhe", at.double(), w_o.detach().double()).cpu()  # [B, H, D]
+        w_o64 = self._w_o64.get(layer)
+        if w_o64 is None:
+            w_o64 = w_o.detach().double()
+            if self._cache_w_o:
+                self._w_o64[layer] = w_o64
+        writes = torch.einsum("bhd,hde->bhe", at.double(), w_o64).cpu()  # [B, H, D]
         bias_part = (
             bias.detach().double().cpu().expand(writes.shape[0], -1)
             if bias is not None

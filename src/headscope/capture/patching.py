@@ -89,25 +89,29 @@ def _tile(value: Any, rows: int, copies: int) -> Any:
     return value
 
 
-def _select(value: Any, index: torch.Tensor, positions: torch.Tensor, length: int) -> Any:
-    """Keep only each row's query at ``positions`` in the block's per-position arguments.
+def _select(value: Any, index: torch.Tensor, positions: torch.Tensor, length: int, copies: int = 1) -> Any:
+    """Keep only each row's query at ``positions`` in the block's per-position arguments, as
+    ``copies`` queries side by side (all at that position).
 
-    Masks ``[b, h, T, T]`` keep that query's row; per-position tensors ``[b, T, ...]`` (rotary
-    cos/sin, position ids) keep that position. ``b`` is the batch or 1 (broadcast).
+    Masks ``[b, h, T, T]`` keep that query's row (``[B, h, copies, T]``); per-position tensors
+    ``[b, T, ...]`` (rotary cos/sin, position ids) keep that position (``[B, copies, ...]``). ``b``
+    is the batch or 1 (broadcast).
     """
     if isinstance(value, tuple):
-        return tuple(_select(v, index, positions, length) for v in value)
+        return tuple(_select(v, index, positions, length, copies) for v in value)
     if isinstance(value, list):
-        return [_select(v, index, positions, length) for v in value]
+        return [_select(v, index, positions, length, copies) for v in value]
     if isinstance(value, dict):
-        return {k: _select(v, index, positions, length) for k, v in value.items()}
+        return {k: _select(v, index, positions, length, copies) for k, v in value.items()}
     if not isinstance(value, torch.Tensor) or value.dim() < 2:
         return value
     rows = index if value.shape[0] > 1 else torch.zeros_like(index)
     if value.dim() == 4 and value.shape[-2] == length and value.shape[-1] == length:
-        return value[rows, :, positions][:, :, None, :]
+        picked = value[rows, :, positions][:, :, None, :]
+        return picked.expand(-1, -1, copies, -1)
     if value.shape[1] == length:
-        return value[rows, positions][:, None]
+        picked = value[rows, positions][:, None]
+        return picked.expand(-1, copies, *picked.shape[2:])
     return value
 
 
@@ -126,8 +130,9 @@ def rerun_block(
 
     With ``only_positions`` the block computes just the query at ``positions``: since keys and
     values are held at their clean values, the other queries cannot change, and this is about T
-    times cheaper. ``on_layer`` then gets one query row per row, ``[rows, H, 1, T]``. Inputs kept
-    at one position per row (``inputs.at``) replay only those positions.
+    times cheaper. ``on_layer`` then gets one query row per row, ``[rows, H, 1, T]``. The S copies
+    of a row run as S queries of that one row, so its keys and values are never repeated. Inputs
+    kept at one position per row (``inputs.at``) replay only those positions.
 
     The block ends once its attention weights are delivered: its output projection, MLP and
     residual additions never run (nothing of them is read).
@@ -140,30 +145,12 @@ def rerun_block(
     rows = inputs.hidden.shape[0]
     copies = 1 if delta is None or delta.dim() == 2 else delta.shape[0]
     device = inputs.hidden.device
-    args, kwargs = inputs.args, inputs.kwargs
     if inputs.at is not None and not (only_positions and torch.equal(inputs.at.cpu(), positions.cpu())):
         raise RunFailure("this block's inputs were kept at one position per row: replay only those positions")
-    if only_positions:
-        # Each row's query at its position, selected before the copies are made.
-        length = inputs.kv[0].shape[-2]
-        index = torch.arange(rows, device=device)
-        at = positions.to(device)
-        hidden = inputs.hidden if inputs.at is not None else inputs.hidden[index, at][:, None]
-        args = _select(args, index, at, length)
-        kwargs = _select(kwargs, index, at, length)
-        hidden = hidden.repeat(copies, 1, 1)
-        if delta is not None:
-            hidden[:, 0] += delta.reshape(copies * rows, -1).to(device=device, dtype=hidden.dtype)
-    else:
-        hidden = inputs.hidden.repeat(copies, 1, 1)
-        if delta is not None:
-            flat = delta.reshape(copies * rows, -1).to(device=device, dtype=hidden.dtype)
-            index = torch.arange(copies * rows, device=device)
-            hidden[index, positions.to(device).repeat(copies)] += flat
     block = model_blocks(loaded.model)[layer]
     on_device = batch.to(loaded.device)
     if copies > 1:
-        on_device = Batch(
+        tiled = Batch(
             on_device.input_ids.repeat(copies, 1),
             on_device.attention_mask.repeat(copies, 1),
             on_device.special.repeat(copies, 1),
@@ -171,16 +158,56 @@ def rerun_block(
             on_device.is_causal,
             list(on_device.meta) * copies,
         )
-    args = _tile(args, rows, copies)
-    kwargs = _tile(kwargs, rows, copies)
-    kv = _tile(inputs.kv, rows, copies)
+    else:
+        tiled = on_device
+    if only_positions:
+        # The copies of row b are ``copies`` queries of row b, all at its position: they share its
+        # keys and values, so nothing is repeated but the query, and the attention is one product.
+        length = inputs.kv[0].shape[-2]
+        index = torch.arange(rows, device=device)
+        at = positions.to(device)
+        hidden = inputs.hidden if inputs.at is not None else inputs.hidden[index, at][:, None]
+        hidden = hidden.repeat(1, copies, 1)  # [B, copies, D]
+        if delta is not None:
+            change = delta.reshape(copies, rows, -1).transpose(0, 1)
+            hidden += change.to(device=device, dtype=hidden.dtype)
+        args = _select(inputs.args, index, at, length, copies)
+        kwargs = _select(inputs.kwargs, index, at, length, copies)
+        kv = inputs.kv
+
+        chunks: list[tuple[int, torch.Tensor]] = []
+
+        def collect(_index: int, weights: torch.Tensor, _batch: Batch, q_start: int) -> None:
+            chunks.append((q_start, weights))
+
+        callback: LayerCallback = collect
+        sink_batch = on_device
+    else:
+        hidden = inputs.hidden.repeat(copies, 1, 1)
+        if delta is not None:
+            flat = delta.reshape(copies * rows, -1).to(device=device, dtype=hidden.dtype)
+            index = torch.arange(copies * rows, device=device)
+            hidden[index, positions.to(device).repeat(copies)] += flat
+        args = _tile(inputs.args, rows, copies)
+        kwargs = _tile(inputs.kwargs, rows, copies)
+        kv = _tile(inputs.kv, rows, copies)
+        callback, sink_batch = on_layer, tiled
     with (
         prepared(loaded),
         torch.inference_mode(),
-        _sink(on_layer, on_device) as sink,
+        _sink(callback, sink_batch) as sink,
         contextlib.suppress(_Stop),
     ):
         sink.kv_override = {layer: kv}
         # Only the attention weights are read: the block ends after its attention function.
         sink.halt_after_attention = True
         block(hidden, *args, **kwargs)
+    if only_positions:
+        # [B, H, copies, K'] in query chunks -> [copies * B, H, 1, K']: row s * B + b is copy s of row b.
+        if not chunks:
+            raise RunFailure(f"path patching: block {layer}'s attention was not seen in the replay")
+        keys = max(w.shape[-1] for _, w in chunks)
+        weights = chunks[0][1].new_zeros(rows, chunks[0][1].shape[1], copies, keys)
+        for q_start, part in chunks:
+            weights[:, :, q_start : q_start + part.shape[2], : part.shape[-1]] = part
+        on_layer(layer, weights.permute(2, 0, 1, 3).reshape(copies * rows, -1, 1, keys), tiled, 0)

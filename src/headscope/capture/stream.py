@@ -937,6 +937,26 @@ def output_logits(loaded: Any, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def output_logits_of(loaded: Any, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """float32 logits ``[B, K]`` of ``tokens`` ``[B, K]`` only, from final hidden states ``[B, D]``:
+    :func:`output_logits` at those tokens (to float noise), without the whole vocabulary's. An LM head
+    that is not a plain ``Linear`` runs whole."""
+    head = loaded.model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        logits = output_logits(loaded, hidden)
+        return logits.gather(-1, tokens.to(logits.device))
+    ids = tokens.to(head.weight.device)
+    weight = head.weight[ids]  # [B, K, D]
+    logits = torch.einsum("bd,bkd->bk", hidden.to(weight.dtype), weight)
+    if head.bias is not None:
+        logits = logits + head.bias[ids]
+    logits = logits.float()
+    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
+    if softcap is not None:
+        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
+    return logits
+
+
 def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """[B, T-1] cross-entropy of token t+1 given positions <= t, from final hidden states [B, T, D].
 
