@@ -147,7 +147,7 @@ def rerun_block(
     device = inputs.hidden.device
     if inputs.at is not None and not (only_positions and torch.equal(inputs.at.cpu(), positions.cpu())):
         raise RunFailure("this block's inputs were kept at one position per row: replay only those positions")
-    block = model_blocks(loaded.model)[layer]
+    block = inputs.block if inputs.block is not None else model_blocks(loaded.model)[layer]
     on_device = batch.to(loaded.device)
     if copies > 1:
         tiled = Batch(

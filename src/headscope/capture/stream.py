@@ -711,6 +711,7 @@ class BlockInputs:
     kwargs: dict[str, Any]
     kv: tuple[torch.Tensor, torch.Tensor]
     at: torch.Tensor | None = None
+    block: torch.nn.Module | None = None  # the block itself, so that a replay need not look it up
 
     @property
     def nbytes(self) -> int:
@@ -776,8 +777,8 @@ class BlockRecorder:
             raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")
         at = None if self._at is None else self._at.cpu()
         self.recorded = {
-            layer: BlockInputs(*self._saved[layer], kv[layer], at)
-            for layer in self.layers  # type: ignore[misc]
+            layer: BlockInputs(*self._saved[layer], kv[layer], at, self._blocks[layer])  # type: ignore[misc]
+            for layer in self.layers
         }
         self._saved = {}
 
