@@ -479,6 +479,7 @@ class EvalStats:
             )
         if keys > 1:
             value, where = a[..., 1:].max(-1)  # [B, H, c]
+            value = value * (classes >= 0)[:, None, :]  # rows not read (or not queries): no arrow
             for row, example in enumerate(rows.tolist()):
                 n = min(stop, len(self.texts[example])) - q_start
                 if n <= 0:
