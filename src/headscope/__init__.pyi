@@ -310,6 +310,8 @@ def describe(
     max_templates: int = 4,
     conditioning: bool = True,
     batch_size: int = 4,
+    writes: bool = True,
+    ablate: str | int | None = None,
 ) -> Result:
     """Every head's attention as a short mixture of named patterns (templates), fitted on one split of the texts and measured on another: what each head looks at, and how much that explains."""
 

@@ -30,6 +30,7 @@ from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 
 from .atlas import Atlas, build_atlas
+from .card import ABLATE_HELP, check_ablate, complete_cards, parse_ablate
 from .fit import EvalStats, FitStats, TemplateMaps, fit
 from .templates import TEMPLATES, Template, Text, chosen_templates
 from .texts import LANGS, balanced, shipped_sources, user_text_sources, user_treebank_sources, windows
@@ -68,6 +69,12 @@ class DescribeOptions(Stats):
         flag="--conditioning/--no-conditioning",
     )
     batch_size: int = option(4, "Windows per forward pass.", min=1)
+    writes: bool = option(
+        True,
+        "Read what each head writes from its OV circuit (weights only, as headscope weights reads it).",
+        flag="--writes/--no-writes",
+    )
+    ablate: str | int | None = option(None, ABLATE_HELP, check=parse_ablate, cli_type=str | None)
 
 
 def _check_langs(value: str) -> None:
@@ -218,6 +225,7 @@ class Describe(Analysis):
     def check_loaded(self, loaded: Any, options: DescribeOptions) -> None:
         extra = 1 if loaded.is_causal else 2
         check_context(loaded, options.context + extra, f"--context {options.context} (with special tokens)")
+        check_ablate(loaded, options.ablate)
 
     def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
         detectors = detectors_for("text", None)
@@ -243,6 +251,7 @@ class Describe(Analysis):
             head_table(results, layout, loaded.name, n_resamples=options.resamples, seed=options.seed)
         )
         found.set_roles(table)
+        complete_cards(found, loaded, batches, options, progress)
         eval_texts = found.evaluation["windows"]
         notes = uncertainty_notes(results, options.resamples) + found.notes
         report = Report(
