@@ -306,6 +306,7 @@ def describe(
     eval_text: Path | None = None,
     eval_treebank: Path | None = None,
     windows: int = 12,
+    rows: int = 64,
     templates: str | None = None,
     max_templates: int = 4,
     conditioning: bool = True,

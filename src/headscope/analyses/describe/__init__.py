@@ -13,9 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headscope import capture
 from headscope.errors import InputError
-from headscope.extend.base import Report, check_context, detectors_for, model_batches, report_sections
+from headscope.extend.base import (
+    Report,
+    check_context,
+    detectors_for,
+    model_batches,
+    report_sections,
+    score_batches,
+)
 from headscope.extend.protocol import (
     Analysis,
     Outcome,
@@ -31,7 +37,7 @@ from headscope.verdicts.roles import assign_roles
 
 from .atlas import Atlas, build_atlas
 from .card import ABLATE_HELP, check_ablate, complete_cards, parse_ablate
-from .fit import EvalStats, FitStats, TemplateMaps, fit
+from .fit import EvalStats, FitStats, RowSample, TemplateMaps, fit
 from .templates import TEMPLATES, Template, Text, chosen_templates
 from .texts import LANGS, balanced, shipped_sources, user_text_sources, user_treebank_sources, windows
 
@@ -57,6 +63,12 @@ class DescribeOptions(Stats):
     windows: int = option(
         12,
         "At most this many windows per split (fit and evaluation), taken in turn from each source; 0: all.",
+        min=0,
+    )
+    rows: int = option(
+        64,
+        "Query rows read per window (in blocks of 16, a seeded systematic sample): each head's share is "
+        "its mean over the queries, estimated from these rows; 0: every row (exact, slower).",
         min=0,
     )
     templates: str | None = option(
@@ -92,39 +104,46 @@ class DescribeInputs:
     templates: list[str] | None
 
 
+class _Sampled:
+    """A reader of a describe pass (its statistics, or a detector riding along) that reads the
+    sampled rows only: its ``reads`` is the pass's sample, whatever the detector would declare (a
+    detector's pairs would make the capture compute every row)."""
+
+    def __init__(self, inner: Any, sample: RowSample) -> None:
+        self.inner, self.sample = inner, sample
+
+    def start(self, layout: Any, n_examples: int) -> None:
+        if hasattr(self.inner, "start"):
+            self.inner.start(layout, n_examples)
+
+    def reads(self, batch: Any) -> Any:
+        return self.sample(batch)
+
+    def update(self, layer: int, attn: Any, batch: Any, q_start: int = 0) -> None:
+        self.inner.update(layer, attn, batch, q_start)
+
+    def end_layer(self, layer: int, batch: Any) -> None:
+        if hasattr(self.inner, "end_layer"):
+            self.inner.end_layer(layer, batch)
+
+    def results(self, data: str) -> list[Any]:
+        return self.inner.results(data) if hasattr(self.inner, "results") else []
+
+
 def _pass(
     loaded: Any,
     texts: list[Text],
     readers: list[Any],
-    detectors: list[Any],
+    sample: RowSample,
     batch: int,
     progress: Any,
     label: str,
 ) -> list[Any]:
-    """One streamed pass over ``texts``: every chunk of every layer to each reader and detector."""
-    sequences = [t.ids for t in texts]
-    specials = [t.special for t in texts]
-    batches = model_batches(loaded, sequences, specials, batch)
-    for detector in detectors:
-        detector.start(loaded.layout, len(texts))
-
-    def on_layer(layer: int, attn: Any, found: capture.Batch, q_start: int) -> None:
-        for reader in readers:
-            reader.update(layer, attn, found, q_start)
-        for detector in detectors:
-            detector.update(layer, attn, found, q_start)
-
-    def on_layer_done(layer: int, found: capture.Batch) -> None:
-        for detector in detectors:
-            detector.end_layer(layer, found)
-
-    advance = progress(label, len(texts)) if progress else None
-    capture.run(
-        loaded,
-        batches,
-        on_layer,
-        on_layer_done=on_layer_done,
-        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+    """One streamed pass over ``texts`` (the shared scorer): the sampled rows of every layer to
+    each reader (describe's statistics and any detectors)."""
+    batches = model_batches(loaded, [t.ids for t in texts], [t.special for t in texts], batch)
+    score_batches(
+        loaded, batches, [_Sampled(r, sample) for r in readers], len(texts), label, progress=progress
     )
     return batches
 
@@ -141,6 +160,7 @@ def describe_heads(
     max_templates: int = 4,
     conditioning: bool = True,
     batch_size: int = 4,
+    rows: int | None = 64,
     n_resamples: int = 1000,
     seed: int = 0,
     progress: Any = None,
@@ -148,7 +168,8 @@ def describe_heads(
 ) -> tuple[Atlas, list[Any]]:
     """Fit every head's description on ``fit_sources`` and measure it on ``eval_sources``: the atlas
     (roles left empty: :meth:`Atlas.set_roles`), and the evaluation batches. ``detectors`` ride
-    along on the evaluation pass (describe's own roles; scan brings its own)."""
+    along on the evaluation pass (describe's own roles; scan brings its own). ``rows``: the query
+    rows read per window (:class:`~.fit.RowSample`; None: every row)."""
     fit_texts = balanced(windows(loaded, fit_sources, context), windows_per_split)
     eval_texts = balanced(windows(loaded, eval_sources, context), windows_per_split)
     if len(eval_texts) < 2:
@@ -160,13 +181,14 @@ def describe_heads(
         raise InputError("no text to fit the descriptions on", hint="check --lang")
     chosen = chosen_templates(loaded.is_causal, templates)
     n_layers, n_heads = loaded.layout.n_layers, loaded.layout.n_heads
-    stats = FitStats(TemplateMaps(chosen, fit_texts), fit_texts, n_layers, n_heads)
-    _pass(loaded, fit_texts, [stats], [], batch_size, progress, "describe: fit")
+    rows = rows or None
+    fit_rows, eval_rows = RowSample(rows, seed, salt=0), RowSample(rows, seed, salt=1)
+    stats = FitStats(TemplateMaps(chosen, fit_texts), fit_texts, n_layers, n_heads, fit_rows)
+    _pass(loaded, fit_texts, [stats], fit_rows, batch_size, progress, "describe: fit")
     fitted = fit(stats, max_templates=max_templates, conditioning=conditioning)
-    measured = EvalStats(TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads)
-    batches = _pass(
-        loaded, eval_texts, [measured], detectors or [], batch_size, progress, "describe: evaluate"
-    )
+    measured = EvalStats(TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads, eval_rows)
+    readers = [measured, *(detectors or [])]
+    batches = _pass(loaded, eval_texts, readers, eval_rows, batch_size, progress, "describe: evaluate")
     found = build_atlas(
         loaded,
         chosen,
@@ -178,6 +200,9 @@ def describe_heads(
         n_resamples=n_resamples,
         seed=seed,
     )
+    # The measure is each head's mean over its queries; these rows per window are its estimator.
+    found.evaluation["rows_per_window"] = rows  # None: every row
+    found.fit["rows_per_window"] = rows
     return found, batches
 
 
@@ -240,6 +265,7 @@ class Describe(Analysis):
             max_templates=options.max_templates,
             conditioning=options.conditioning,
             batch_size=options.batch_size,
+            rows=options.rows or None,
             n_resamples=options.resamples,
             seed=options.seed,
             progress=progress,
