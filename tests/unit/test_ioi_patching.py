@@ -157,3 +157,36 @@ def test_logits_of_chosen_tokens_are_those_of_the_whole_vocabulary(patched):
         )
     finally:
         loaded.model.config.final_logit_softcapping = None
+
+
+def test_the_ioi_attention_table_is_the_attention_from_end_to_each_name(patched):
+    """IOIAttentionDetector.update reads every row's END query in one product: per head, the weight
+    on each name's tokens, and as reference the share of visible keys those tokens are."""
+    from headscope.detectors.circuits import IOI_TARGETS, IOIAttentionDetector
+
+    loaded, _, batches, _ = patched
+    layout = loaded.layout
+    n = sum(len(b.meta) for b in batches["clean"])
+    detector = IOIAttentionDetector()
+    detector.start(layout, n)
+    expected = torch.zeros(len(IOI_TARGETS), n, layout.n_layers, layout.n_heads, dtype=torch.float64)
+    base = torch.zeros(len(IOI_TARGETS), n, layout.n_layers, dtype=torch.float64)
+
+    def on_layer(layer, attn, b, q_start):
+        detector.update(layer, attn, b, q_start)
+        for row, meta in enumerate(b.meta):
+            end = meta["end"] - q_start
+            if not 0 <= end < attn.shape[2]:
+                continue
+            example = int(b.example_index[row])
+            for t, target in enumerate(IOI_TARGETS):
+                positions = meta["targets"][target]
+                expected[t, example, layer] += attn[row, :, end][:, positions].double().sum(-1)
+                base[t, example, layer] += len(positions) / (meta["end"] + 1)  # causal, padded on the right
+
+    capture.run(loaded, batches["clean"], on_layer)
+    results = detector.results("tiny")
+    for t, result in enumerate(results):
+        torch.testing.assert_close(result.sums, expected[t], rtol=0, atol=1e-6)
+        torch.testing.assert_close(result.baseline_sums, base[t], rtol=0, atol=1e-12)
+        assert result.counts.tolist() == [1.0] * n

@@ -83,26 +83,34 @@ class IOIAttentionDetector(Detector):
     def update(self, layer: int, attn: torch.Tensor, batch: Batch, q_start: int = 0) -> None:
         stop = q_start + attn.shape[2]
         keys = attn.shape[3]
+        picked = [(row, int(meta["end"]) - q_start) for row, meta in enumerate(batch.meta)]
+        picked = [(row, at) for row, at in picked if 0 <= at < stop - q_start]
+        if not picked:
+            return
         visible = batch.visible(q_start, stop, keys)
         counts = batch.visible_count(q_start, stop, keys)
-        for row, meta in enumerate(batch.meta):
-            end = int(meta["end"])
-            if not q_start <= end < stop:
-                continue
-            weights = attn[row, :, end - q_start]  # [H, K']
-            example = int(batch.example_index[row])
-            for index, target in enumerate(IOI_TARGETS):
-                positions = torch.as_tensor(meta["targets"][target], dtype=torch.long)
-                positions = positions[positions < keys].to(attn.device)
-                self._target_sums[index, example, layer] += weights[:, positions].sum(-1).double().cpu()
-                open_ = visible[row, end - q_start, positions].to(torch.float64).sum()
-                self._target_base[index, example, layer] += float(open_) / float(counts[row, end - q_start])
-            # Counted on the first layer that arrives: a hybrid's layer 0 may have no attention
-            # (Jamba, Qwen3-Next), and "layer == 0" then counted nothing (n = 0 tables).
-            if self._counted_layer is None:
-                self._counted_layer = layer
-            if layer == self._counted_layer:
-                self._counts[example] += 1.0
+        rows_ = torch.as_tensor([row for row, _ in picked])
+        at = torch.as_tensor([a for _, a in picked])
+        # [R, targets, K']: 1 at each row's target tokens, so that all rows and targets are one product.
+        marks = torch.zeros(len(picked), len(IOI_TARGETS), keys, dtype=attn.dtype)
+        for index, (row, _) in enumerate(picked):
+            for t, target in enumerate(IOI_TARGETS):
+                positions = [p for p in batch.meta[row]["targets"][target] if p < keys]
+                marks[index, t, positions] = 1.0
+        marks = marks.to(attn.device)
+        weights = attn[rows_.to(attn.device), :, at.to(attn.device)]  # [R, H, K']
+        sums = torch.einsum("rhk,rtk->trh", weights, marks).double().cpu()
+        open_ = (visible[rows_, at][:, None, :].to(marks.device) * marks).to(torch.float64).sum(-1)
+        base = (open_.cpu() / counts[rows_, at].double().cpu()[:, None]).T  # [targets, R]
+        examples = batch.example_index[rows_].long()
+        self._target_sums[:, examples, layer] += sums
+        self._target_base[:, examples, layer] += base
+        # Counted on the first layer that arrives: a hybrid's layer 0 may have no attention
+        # (Jamba, Qwen3-Next), and "layer == 0" then counted nothing (n = 0 tables).
+        if self._counted_layer is None:
+            self._counted_layer = layer
+        if layer == self._counted_layer:
+            self._counts[examples] += 1.0
 
     def results(self, data: str = "") -> list[DetectorResult]:
         return [
