@@ -21,7 +21,8 @@ The analyses, at length L:
 - icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
 - describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split (its fit and evaluation
   passes read every row: the template statistics need whole rows).
-- ioi: ``hs.ioi`` without patching, on its shipped prompts (their own length, once).
+- ioi (en), ioi (zh): ``hs.ioi`` with its S-inhibition path patching, on each shipped prompt set
+  (their own length, once; the default resamples: the intervals pick the name movers it patches).
 
 Quote the ratios, not the seconds: these machines differ 3-4× in speed.
 """
@@ -41,6 +42,7 @@ import torch
 import headscope as hs
 from headscope import analyses, capture, detectors
 from headscope.capture import ledger, rows
+from headscope.data.prompts import builtin
 from headscope.files import check_writable, write_atomic
 from headscope.models import load
 
@@ -198,9 +200,15 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
                     file=sys.stderr,
                 )
     if not only or "ioi" in only:
-        for selective in (True, False):
-            row = priced(loaded, "ioi", 0, lambda: hs.ioi(m, t, patch=False, resamples=0), selective)
-            out.append(row)
+        for lang in ("en", "zh"):
+            data = builtin(f"ioi/{lang}.yaml")
+            for selective in (True, False):
+                row = priced(loaded, f"ioi ({lang})", 0, lambda d=data: hs.ioi(m, t, data=d), selective)
+                out.append(row)
+                print(
+                    f"  ioi ({lang}) {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare",
+                    file=sys.stderr,
+                )
     return {"model": model, "torch_threads": torch.get_num_threads(), "runs": out}
 
 
