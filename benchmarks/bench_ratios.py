@@ -19,8 +19,9 @@ The analyses, at length L:
 - retrieval: ``hs.retrieval`` at context L, depth 0.5, 2 needles.
 - kv-plan: ``hs.kv_plan`` at context L, method retrieval, sparsity 0.5, 2 needles, 1 text chunk.
 - icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
-- describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split (its fit and evaluation
-  passes read every row: the template statistics need whole rows).
+- describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split, its default rows per
+  window (a seeded sample of query rows in blocks of 16: exact weights for those, the rest fused),
+  without the cards' reading of what each head writes (``writes=False``: weights only, no tokens).
 - ioi (en), ioi (zh): ``hs.ioi`` with its S-inhibition path patching, on each shipped prompt set
   (their own length, once; the default resamples: the intervals pick the name movers it patches).
 
@@ -125,7 +126,9 @@ def analyses_at(length: int) -> dict:
             resamples=0,
         ),
         # Both passes (fit and evaluation) over 4 windows of shipped text each.
-        "describe": lambda m, t: hs.describe(m, t, context=min(length, 1024), windows=4, resamples=0),
+        "describe": lambda m, t: hs.describe(
+            m, t, context=min(length, 1024), windows=4, resamples=0, writes=False
+        ),
         "icl (loss curve)": lambda m, t: hs.icl(
             m, t, context=length, early=min(50, late - 1), late=late, tasks="none", fv=False, resamples=0
         ),
