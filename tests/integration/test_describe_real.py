@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def atlas(smollm2):
     import headscope as hs
 
-    result = hs.describe(smollm2, windows=3, context=256, resamples=200)
+    result = hs.describe(smollm2, windows=3, context=256, resamples=200, ablate="L16H0,L18H8")
     return result.state["atlas"]
 
 
@@ -44,3 +44,19 @@ def test_known_heads_are_described_by_their_pattern(atlas):
         if head["dominant"] == "sink":
             only_sink = {c["template"] for c in head["components"]} == {"sink"}
             assert head["first_token"] >= 0.5 or only_sink, head
+
+
+def test_every_card_says_what_the_head_writes_and_the_chosen_heads_whether_they_matter(atlas):
+    for head in atlas.heads:
+        writes = head["writes"]
+        assert "reason" not in writes, writes  # SmolLM2 passes weights' checks
+        assert len(writes["promotes"]) == len(writes["suppresses"]) == 5
+        assert all(isinstance(t["token"], str) for t in writes["promotes"])
+        assert 0 <= writes["copying"] <= 1 and 0 <= writes["suppression"] <= 1
+    # Measured on the evaluation windows, with an interval and the same-layer control.
+    for layer, index in ((16, 0), (18, 8)):
+        matters = atlas.head(layer, index)["matters"]
+        increase = matters["loss_increase"]
+        assert increase["ci_low"] <= increase["value"] <= increase["ci_high"]
+        assert matters["random_layer"] is not None
+    assert sum("matters" in head for head in atlas.heads) == 2

@@ -99,3 +99,27 @@ def test_descriptions_and_labels_read_well():
     )
     assert grid_label("offset-1") == "~-1" and grid_label("key-class:punctuation") == "~k:pu"
     assert grid_label("decay") == "~dec" and grid_label("last-delimiter:comma") == "~d:co"
+
+
+def test_classes_without_a_fit_of_their_own_read_as_otherwise():
+    from headscope.analyses.describe.atlas import describe_components
+
+    def comp(name, weight, query_class):
+        return {"template": name, "name": name, "weight": weight, "query_class": query_class}
+
+    components = [
+        comp("offset-1", 1.0, "punctuation"),
+        comp("sink", 1.0, "content-word"),
+        comp("sink", 0.8, "digit"),
+        comp("offset-1", 0.2, "digit"),
+        comp("sink", 0.8, "line-start"),
+        comp("offset-1", 0.2, "line-start"),
+    ]
+    counts = {"punctuation": 90, "content-word": 203, "digit": 3, "line-start": 0}
+    text = describe_components(components, fit_counts=counts)
+    assert text == (
+        "on punctuation: 1.00 offset-1; on content-word: 1.00 sink; "
+        "otherwise (digit, line-start: too few fit queries): 0.80 sink + 0.20 offset-1"
+    )
+    # Without the counts (an old atlas), every class reads as measured, as before.
+    assert describe_components(components).startswith("on punctuation: 1.00 offset-1")

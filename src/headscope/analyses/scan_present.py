@@ -24,17 +24,19 @@ def head_cards(atlas: Any) -> str | None:
     saved atlas that does not fit a card (a file edited by hand) gets none, and the page says so."""
     if atlas is None:
         return None
-    # describe's own card (describe/present.py is another module's: its private _card, used as is)
-    from .describe.present import _card as head_card
+    from .describe.present import head_card
 
     heads = atlas.get("heads") if isinstance(atlas, dict) else getattr(atlas, "heads", None)
     if not isinstance(heads, list) or not heads:
         return None
+    fit = atlas.get("fit") if isinstance(atlas, dict) else getattr(atlas, "fit", None)
+    counts = fit.get("query_classes") if isinstance(fit, dict) else None
+    counts = counts if isinstance(counts, dict) else None
     templates, unfit = [], []
     for index, head in enumerate(heads):
         try:
             key = f"{int(head['layer'])},{int(head['head'])}"
-            templates.append(f'<template data-head-card="{key}">{head_card(head)}</template>')
+            templates.append(f'<template data-head-card="{key}">{head_card(head, counts)}</template>')
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             unfit.append(f"heads[{index}] ({type(exc).__name__}: {exc})")
     note = ""

@@ -33,7 +33,7 @@ import pandas as pd
 
 from headscope.verdicts.roles import head_roles
 
-from .fit import EvalStats, Fitted, bootstrap_shares
+from .fit import MIN_CLASS_QUERIES, EvalStats, Fitted, bootstrap_shares
 from .templates import QUERY_CLASSES, Template, Text
 
 SCHEMA = "headscope-atlas/1"
@@ -203,8 +203,14 @@ def _pct(entry: dict[str, Any]) -> str:
     return f"{entry['value']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
 
 
-def describe_components(components: Sequence[dict[str, Any]], digits: int = 2) -> str:
-    """ "0.62 sink + 0.30 offset-1" or, per class, "on punctuation: 0.7 offset-1; otherwise: …"."""
+def describe_components(
+    components: Sequence[dict[str, Any]], digits: int = 2, fit_counts: dict[str, int] | None = None
+) -> str:
+    """ "0.62 sink + 0.30 offset-1" or, per class, "on punctuation: 0.7 offset-1; otherwise: …".
+
+    With ``fit_counts`` (the atlas' ``fit.query_classes``), the classes with too few fit queries for
+    a description of their own, which take the head's pooled one, are said to be "otherwise", not
+    measured ("otherwise (line-start, digit: too few fit queries)")."""
 
     def part(items: Sequence[dict[str, Any]]) -> str:
         return " + ".join(f"{c['weight']:.{digits}f} {c['name']}" for c in items) or "nothing"
@@ -215,10 +221,18 @@ def describe_components(components: Sequence[dict[str, Any]], digits: int = 2) -
     if list(by_class) == ["all"]:
         return part(by_class["all"])
     # Classes with the same description share one entry ("on digit, content-word: ...").
+    unfitted = {c for c, n in (fit_counts or {}).items() if n < MIN_CLASS_QUERIES}
     grouped: dict[str, list[str]] = {}
+    pooled: tuple[str, list[str]] | None = None
     for cls, items in by_class.items():
-        grouped.setdefault(part(items), []).append(cls)
-    return "; ".join(f"on {', '.join(classes)}: {text}" for text, classes in grouped.items())
+        if cls in unfitted:
+            pooled = (part(items), [*(pooled[1] if pooled else []), cls])
+        else:
+            grouped.setdefault(part(items), []).append(cls)
+    out = [f"on {', '.join(classes)}: {text}" for text, classes in grouped.items()]
+    if pooled is not None:
+        out.append(f"otherwise ({', '.join(pooled[1])}: too few fit queries): {pooled[0]}")
+    return "; ".join(out)
 
 
 def _components(
@@ -657,8 +671,12 @@ def compare_atlases(a: Atlas, b: Atlas, threshold: float = 0.25) -> list[dict[st
                     "distance": round(distance, 4),
                     "explained_a": head_a["explained"]["value"],
                     "explained_b": head_b["explained"]["value"],
-                    "description_a": describe_components(head_a["components"]),
-                    "description_b": describe_components(head_b["components"]),
+                    "description_a": describe_components(
+                        head_a["components"], fit_counts=a.fit.get("query_classes")
+                    ),
+                    "description_b": describe_components(
+                        head_b["components"], fit_counts=b.fit.get("query_classes")
+                    ),
                 }
             )
     return sorted(changed, key=lambda row: -row["distance"])

@@ -361,11 +361,15 @@ class Fitted:
     fit_error: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
 
 
+# A query class gets a description of its own only with at least this many fit queries.
+MIN_CLASS_QUERIES = 30
+
+
 def fit(
     stats: FitStats,
     *,
     max_templates: int = 4,
-    min_class_queries: int = 30,
+    min_class_queries: int = MIN_CLASS_QUERIES,
     condition_gain: float = 0.10,
     conditioning: bool = True,
 ) -> Fitted:

@@ -27,7 +27,7 @@ def summary_line(atlas: Atlas) -> str:
     return (
         f"explained share {_ci(atlas.explained)}, off the first token {_ci(atlas.explained_off_first)} "
         f"(mean over {len(atlas.heads)} heads; evaluation: {ev['from']}, {ev['windows']} windows, "
-        f"{ev['queries']} queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
+        f"{ev['queries']} {'sampled ' if ev.get('rows_per_window') else ''}queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
         f"Without query classes: {atlas.explained_unconditioned['value']:.3f}."
     )
 
@@ -69,7 +69,7 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
         console.print(
             f"L{head['layer']}H{head['head']:<3} {head['dominant']:<22} {_ci(head['explained'])}  "
             f"off {head['explained_off_first']['value']:.2f}  first {head['first_token']:.2f}  "
-            f"{describe_components(head['components'])}{roles}",
+            f"{describe_components(head['components'], fit_counts=atlas.fit.get('query_classes'))}{roles}",
             soft_wrap=True,
             highlight=False,
             markup=False,
@@ -107,7 +107,7 @@ def card_notes(atlas: Atlas) -> list[str]:
     return out
 
 
-def _card(head: dict[str, Any]) -> str:
+def head_card(head: dict[str, Any], fit_counts: dict[str, int] | None = None) -> str:
     esc = html.escape
     rows = []
     for context in head["contexts"]:
@@ -126,7 +126,7 @@ def _card(head: dict[str, Any]) -> str:
     return (
         f"<section class=card id='L{head['layer']}H{head['head']}'>"
         f"<h3>L{head['layer']}H{head['head']} <small>KV group {head['kv_group']}</small> — {esc(head['dominant'])}</h3>"
-        f"<p class=desc>{esc(describe_components(head['components']))}</p>"
+        f"<p class=desc>{esc(describe_components(head['components'], fit_counts=fit_counts))}</p>"
         f"{bar}<p>explains {_ci(explained)} of its attention on evaluation text and leaves {head['left']:.2f}; "
         f"off the first token {_ci(head['explained_off_first'])}; on the first token {head['first_token']:.2f}. "
         f"Roles: {esc(', '.join(head['roles']) or 'none')}.</p>"
@@ -163,7 +163,7 @@ def atlas_html(atlas: Atlas) -> str:
         f"<section class=describe><h2>Every head described</h2><p>{html.escape(summary_line(atlas))}</p>"
         + "".join(f"<p>{html.escape(line)}</p>" for line in card_notes(atlas))
         + f"<table><tr><th>layer</th>{header}</tr>{body}</table>"
-        + "".join(_card(head) for head in atlas.heads)
+        + "".join(head_card(head, atlas.fit.get("query_classes")) for head in atlas.heads)
         + "</section>"
     )
 
