@@ -5,7 +5,7 @@
 * Each kind of edit (ablate heads, stream KV heads, patch heads' outputs, add a vector after a
   block) is undone when the pass raises in the middle: no hook is left on any module, and the model
   gives the same logits as before.
-* The edits change what they declare: ``edits=[AblateHeads]`` is the old ``ablation=``, a patched
+* The edits change what they declare: ``edits=[AblateHeads]`` ablates (the old ``ablation=`` keyword is gone), a patched
   head's output is the given vector, an added vector reaches the residual stream.
 """
 
@@ -141,16 +141,17 @@ def _losses(loaded, batch, **kwargs) -> torch.Tensor:
     return out[0]
 
 
-def test_edits_change_the_pass_and_ablation_is_their_old_spelling(toy):
+def test_edits_change_the_pass_and_are_the_only_spelling(toy):
     batch = _batch(toy)
     edits = _edits(toy)
     clean = _losses(toy, batch)
     for kind in ("ablate", "stream"):
         assert not torch.equal(_losses(toy, batch, edits=[edits[kind]]), clean)  # the edit changes the pass
-    ablated = _losses(toy, batch, edits=[edits["ablate"], None])
-    assert torch.equal(ablated, _losses(toy, batch, ablation=edits["ablate"]))
-    with pytest.raises(TypeError):
-        capture.run(toy, [batch], None, streaming=edits["stream"])  # StreamHeads is an edit now
+    ablated = _losses(toy, batch, edits=[edits["ablate"], None])  # None entries are skipped
+    assert torch.equal(ablated, _losses(toy, batch, edits=[edits["ablate"]]))
+    for old in ("ablation", "streaming"):  # the old keywords are gone: one way to intervene
+        with pytest.raises(TypeError):
+            capture.run(toy, [batch], None, **{old: edits["ablate" if old == "ablation" else "stream"]})
 
 
 def test_a_patched_head_outputs_the_given_vector_in_its_rows_only(toy):

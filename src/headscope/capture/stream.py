@@ -798,7 +798,6 @@ def run(
     on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
     stop_after: int | None = None,
     edits: Iterable[Edit | None] = (),
-    ablation: AblateHeads | None = None,
     blocks: BlockRecorder | None = None,
 ) -> None:
     """Run every batch through the model and give each layer's attention to ``on_layer``.
@@ -819,8 +818,7 @@ def run(
     run: for callers that need only the layers up to it (path patching's senders).
     ``edits`` changes the model for the pass (:mod:`headscope.capture.edits`: ablate heads, stream
     KV heads, patch heads' outputs, add a vector after a block; None entries are skipped, so
-    ``edits=[maybe_ablation]`` reads as it should). ``ablation=x`` is the old spelling of
-    ``edits=[x]``, kept for the callers that still use it.
+    ``edits=[maybe_ablation]`` reads as it should).
     ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
     None: every row): only those get exact weights and reach ``on_layer``, every other row runs
     through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
@@ -835,7 +833,7 @@ def run(
         raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
     if blocks is not None and loaded.capture_mode != "stream":
         raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
-    listed = [*edits, ablation]
+    listed = list(edits)
     device = loaded.device
     if on_token_loss is not None and not loaded.has_lm_head:
         raise RunFailure("next-token losses need a language model with an LM head")
