@@ -64,7 +64,27 @@ def test_only_capture_hooks_installs_hooks():
 
 
 def _hooks_on(model: torch.nn.Module) -> int:
+    """Hooks on ``model`` beyond the ones it came with: the shared toy is headscope's own model, which
+    keeps what transformers installs on its first ``output_attentions`` pass (an earlier test's)."""
+    return _all_hooks(model) - BASELINE.get(id(model), 0)
+
+
+BASELINE: dict[int, int] = {}
+
+
+def _all_hooks(model: torch.nn.Module) -> int:
     return sum(len(getattr(m, name)) for m in model.modules() for name in HOOK_DICTS if hasattr(m, name))
+
+
+@pytest.fixture(autouse=True)
+def _baseline(request):
+    """Each test counts the hooks it finds at its start as the model's own."""
+    for name in ("toy", "toy_eager"):
+        if name in request.fixturenames:
+            model = request.getfixturevalue(name).model
+            BASELINE[id(model)] = _all_hooks(model)
+    yield
+    BASELINE.clear()
 
 
 def _batch(loaded, lengths=(9, 6)):

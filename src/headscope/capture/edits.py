@@ -166,6 +166,8 @@ def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
     if sink_side and loaded.capture_mode != "stream":
         what = "head ablation needs" if isinstance(sink_side[0], AblateHeads) else "streaming KV heads need"
         raise RunFailure(f"{what} streaming capture", hint="drop --capture eager")
+    if not listed:
+        return listed  # nothing to check: a plain pass needs no block (ALBERT's shared layer has none)
     attention = attention_layers(loaded)
     blocks = len(anatomy.blocks(loaded.model))
     for edit in listed:
@@ -174,6 +176,8 @@ def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
 
 
 def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) -> None:
+    if not any(isinstance(edit, (PatchHeads, AddVector)) for edit in edits):
+        return  # AblateHeads and StreamHeads act in the attention function, not by hooks
     blocks = anatomy.blocks(loaded.model)
     n_heads = loaded.layout.n_heads
     patches: dict[int, list[PatchHeads]] = {}
