@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def atlas(smollm2):
     import headscope as hs
 
-    result = hs.describe(smollm2, windows=3, context=256, resamples=200, ablate="L16H0,L18H8")
+    result = hs.describe(smollm2, windows=5, context=256, resamples=200, ablate="L16H0,L18H8")
     return result.state["atlas"]
 
 

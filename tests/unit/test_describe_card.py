@@ -216,3 +216,12 @@ def test_ablate_values_parse_or_are_refused():
 def test_ablate_naming_heads_the_model_lacks_is_refused(toy, value, message):
     with pytest.raises(InputError, match=re.escape(message)):
         check_ablate(toy, value)
+
+
+def test_a_loss_increase_without_an_interval_says_why():
+    from headscope.analyses.describe.card import matters_line
+
+    entry = {"matters": {"loss_increase": {"value": 0.25, "ci_low": None, "ci_high": None}}}
+    assert matters_line(entry) == (
+        "ablating it raises the loss by 0.2500 nats/token (no interval: fewer than 5 evaluation windows)"
+    )

@@ -34,7 +34,7 @@ import torch
 from headscope import capture
 from headscope.errors import HeadscopeError, InputError
 from headscope.verdicts.heads import random_control
-from headscope.verdicts.stats import bootstrap_ratio_ci
+from headscope.verdicts.stats import MIN_EXAMPLES, bootstrap_ratio_ci
 from headscope.weightroles.ov import Candidates, Circuits, ordinary_ids, rank_tests
 
 from .atlas import Atlas
@@ -386,12 +386,15 @@ def matters_line(entry: dict[str, Any]) -> str | None:
         return None
     inc = matters["loss_increase"]
     value, low, high = inc["value"], inc.get("ci_low"), inc.get("ci_high")
+    bounded = low is not None and high is not None
     if value >= 0:
-        ci = f" [{low:.4f}, {high:.4f}]" if low is not None else ""
+        ci = f" [{low:.4f}, {high:.4f}]" if bounded else ""
         text = f"ablating it raises the loss by {value:.4f}{ci} nats/token"
     else:  # the interval of the decrease: the increase's, negated and turned round
-        ci = f" [{-high:.4f}, {-low:.4f}]" if low is not None else ""
+        ci = f" [{-high:.4f}, {-low:.4f}]" if bounded else ""
         text = f"ablating it lowers the loss by {-value:.4f}{ci} nats/token"
+    if not bounded:
+        text += f" (no interval: fewer than {MIN_EXAMPLES} evaluation windows)"
     if matters.get("random_layer") is not None:
         text += f"; random heads of its layer: {matters['random_layer']:.4f}"
     if matters.get("rank_in_layer") is not None:
