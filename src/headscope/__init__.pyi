@@ -7,13 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headscope.extend.checks import Check as Check
 from headscope.analyses.describe.templates import Template as Template
-from headscope.extend.protocol import Analysis as Analysis
-from headscope.extend.protocol import Outcome as Outcome
-from headscope.extend.protocol import Output as Output
-from headscope.extend.protocol import Stats as Stats
-from headscope.extend.protocol import option as option
 from headscope.api import compare as compare
 from headscope.api import load as load
 from headscope.api import plan as plan
@@ -27,6 +21,12 @@ from headscope.detectors import PatternDetector as PatternDetector
 from headscope.detectors import TargetDetector as TargetDetector
 from headscope.errors import HeadscopeError as HeadscopeError
 from headscope.errors import InputError as InputError
+from headscope.extend.checks import Check as Check
+from headscope.extend.protocol import Analysis as Analysis
+from headscope.extend.protocol import Outcome as Outcome
+from headscope.extend.protocol import Output as Output
+from headscope.extend.protocol import Stats as Stats
+from headscope.extend.protocol import option as option
 from headscope.rolespec import RoleSpec as RoleSpec
 
 __version__: str

@@ -15,8 +15,8 @@ import torch
 
 import headscope as hs
 from headscope import detectors
-from headscope.errors import HeadscopeError, InputError, RunFailure
 from headscope.analyses import ANALYSES
+from headscope.errors import HeadscopeError, InputError, RunFailure
 from headscope.extend.protocol import Analysis
 from headscope.extend.protocol import _accept as accept_analysis
 from headscope.outputs.compare import CompareInputError, compare
