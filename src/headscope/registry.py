@@ -70,7 +70,26 @@ def origin_in(group: str, name: str) -> str | None:
     return registry.origin(name) if registry is not None and name in registry else None
 
 
-class Registry(Mapping[str, T], Generic[T]):
+class _Live(Mapping[str, T], Generic[T]):
+    """A mapping read live from ``_all()`` on every access (a registry, or one part of one)."""
+
+    def _all(self) -> dict[str, T]:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> T:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._all()
+
+
+class Registry(_Live[T]):
     """Name -> declaration, in order: built-ins, then plugins (by entry point), then run-time ones.
 
     ``accept(obj)`` returns the declaration to keep (it may instantiate a class), or raises
@@ -226,25 +245,10 @@ class Registry(Mapping[str, T], Generic[T]):
             self._load()
             return {**self._builtin, **self._plugins, **self._runtime}
 
-    def __getitem__(self, name: str) -> T:
-        return self._all()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._all()
-
     def __setitem__(self, name: str, obj: Any) -> None:
         """Put ``obj`` under ``name`` for this process, over any other of that name (tests patch
         the registry this way; users call :meth:`register`, which refuses to shadow)."""
-        found = self._accept(obj)
-        with self._lock:
-            self._load()
-            self._runtime[name] = found
+        self.put(name, self._accept(obj))
 
     def __delitem__(self, name: str) -> None:
         with self._lock:
@@ -272,7 +276,7 @@ class Registry(Mapping[str, T], Generic[T]):
         return View(self, keep)
 
 
-class View(Mapping[str, T], Generic[T]):
+class View(_Live[T]):
     """Some of a registry's declarations (those ``keep`` admits), read live from it: one table
     with parts, where each reader sees the part it needs. Adding, removing and asking where a
     declaration comes from go to the registry itself, with its checks."""
@@ -283,18 +287,6 @@ class View(Mapping[str, T], Generic[T]):
 
     def _all(self) -> dict[str, T]:
         return {name: found for name, found in self.registry._all().items() if self._keep(found)}
-
-    def __getitem__(self, name: str) -> T:
-        return self._all()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._all()
 
     def __setitem__(self, name: str, obj: Any) -> None:
         self.registry[name] = obj
