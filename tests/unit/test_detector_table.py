@@ -9,9 +9,9 @@ import torch
 
 import headscope as hs
 from headscope import detectors
+from headscope.core.registry import Registry, View
 from headscope.detectors.functionvector import FunctionVectorScore
 from headscope.errors import InputError
-from headscope.registry import Registry, View
 from headscope.verdicts import roles
 
 PROMPTS = ["t1 t2 t3 t4 t1 t2 t3 t4", "t5 t6 t7 t5 t6 t7 t8 t9"]
@@ -128,7 +128,7 @@ def test_a_plugin_under_a_scores_name_is_told_why(monkeypatch):
     import importlib.metadata
     import warnings
 
-    from headscope.registry import PluginWarning
+    from headscope.core.registry import PluginWarning
 
     class Point:
         name, value, dist = "fv", "fake_plugin:fv", None

@@ -16,11 +16,11 @@ import torch
 import headscope as hs
 from headscope import detectors
 from headscope.analyses import ANALYSES
+from headscope.core.registry import PluginWarning, Registry
 from headscope.errors import HeadscopeError, InputError, RunFailure
 from headscope.extend.protocol import Analysis
 from headscope.extend.protocol import _accept as accept_analysis
 from headscope.outputs.compare import CompareInputError, compare
-from headscope.registry import PluginWarning, Registry
 
 PROMPTS = ["t1 t2 t3 t4 t1 t2 t3 t4", "t5 t6 t7 t5 t6 t7 t8 t9"]
 
@@ -174,7 +174,7 @@ def test_hs_register_refuses_an_analysis_under_a_reserved_name(name):
 
 def test_reserved_names_cover_every_api_function_and_cli_command():
     from headscope.cli import app
-    from headscope.registry import reserved_analysis_name
+    from headscope.core.registry import reserved_analysis_name
 
     commands = {info.name or info.callback.__name__ for info in app.registered_commands}
     api = {name for name in hs.__all__ if name.islower() and not name.startswith("_")}

@@ -21,7 +21,7 @@ PACKAGE = SRC / "headscope"
 # layer, and never another group of its own layer.
 LAYERS: list[tuple[int, list[str]]] = [
     # The leaf: the package root (only for __version__), errors, file writing (which raises
-    # errors' OutputError), the role spec (a plain record that detectors and weights, siblings,
+    # errors' OutputError), and core/: the registries' live mapping, the role spec (a plain record that detectors and weights, siblings,
     # both declare their roles with) and the weight-only tables' specs (detectors check role labels
     # against them). One group, so files may import errors.
     (0, ["leaf"]),
@@ -44,9 +44,10 @@ LEAF_MODULES = {
     "headscope",
     "headscope.errors",
     "headscope.files",
-    "headscope.registry",
-    "headscope.rolespec",
-    "headscope.weighttables",
+    "headscope.core",
+    "headscope.core.registry",
+    "headscope.core.rolespec",
+    "headscope.core.weighttables",
 }
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from headscope import detectors
+from headscope.core.rolespec import RoleSpec
 from headscope.data.prompts import PromptSet, TextItem, display_path, load_texts
 from headscope.detectors.patterns import NAMED
 from headscope.detectors.target import PatternDetector, check_name, check_patterns
@@ -28,7 +29,6 @@ from headscope.errors import InputError
 from headscope.extend.base import encode_texts, model_batches, prompt_set_report, score_batches
 from headscope.extend.checks import TableChecked
 from headscope.extend.protocol import HELP_BATCH, Outcome, Stats, check_common, option, register
-from headscope.rolespec import RoleSpec
 from headscope.verdicts.roles import RoleRule
 
 

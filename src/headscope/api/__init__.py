@@ -27,6 +27,7 @@ from typing import Any
 import headscope.analyses  # noqa: F401  (importing the package registers the analyses)
 from headscope.analyses.describe.templates import Template
 from headscope.api.result import AttentionMap, Result
+from headscope.core.rolespec import RoleSpec
 from headscope.detectors import Detector, PatternDetector, TargetDetector
 from headscope.errors import InputError
 from headscope.extend.base import ProgressFactory
@@ -45,7 +46,6 @@ from headscope.extend.protocol import (
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.models.options import LoadOptions
 from headscope.outputs.progress import progress_option
-from headscope.rolespec import RoleSpec
 
 
 def load(

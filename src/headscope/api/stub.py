@@ -35,6 +35,7 @@ from headscope.api import run as run
 from headscope.api import show as show
 from headscope.api import sweep as sweep
 from headscope.api.result import Result as Result
+from headscope.core.rolespec import RoleSpec as RoleSpec
 from headscope.detectors import Detector as Detector
 from headscope.detectors import PatternDetector as PatternDetector
 from headscope.detectors import TargetDetector as TargetDetector
@@ -46,7 +47,6 @@ from headscope.extend.protocol import Outcome as Outcome
 from headscope.extend.protocol import Output as Output
 from headscope.extend.protocol import Stats as Stats
 from headscope.extend.protocol import option as option
-from headscope.rolespec import RoleSpec as RoleSpec
 
 __version__: str
 '''

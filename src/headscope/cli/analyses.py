@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from headscope.analyses import ANALYSES
+from headscope.core.registry import PluginWarning
 from headscope.errors import InputError
 from headscope.extend.protocol import Analysis, Output, option
 from headscope.models import DEFAULT_MODEL
 from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, check_outputs
-from headscope.registry import PluginWarning
 
 from .common import Capture, Csv, Emit, Load, ModelArg, Top, app, err, run_analysis, wrote
 from .params import KEYWORD, command

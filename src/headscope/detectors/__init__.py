@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from headscope.core.registry import RESERVED, Registry, View
 from headscope.detectors.base import Detector, DetectorResult, RoleSpec
 from headscope.detectors.circuits import IOIAttentionDetector, RetrievalDetector
 from headscope.detectors.coref import CorefDetector
@@ -23,7 +24,6 @@ from headscope.detectors.positional import PreviousTokenDetector, SinkDetector
 from headscope.detectors.syntax import SyntaxDetector
 from headscope.detectors.target import PatternDetector, TargetDetector, Targets, check_name, check_source
 from headscope.errors import InputError
-from headscope.registry import RESERVED, Registry, View
 
 # The scan's parts that run their own detectors on their own data (syntax(), coref(), ioi(), …).
 BUILT_IN_PARTS = ("treebank", "coref", "ioi", "retrieval")
@@ -84,7 +84,7 @@ def label_owner(
     """Who already gives the role label ``label`` (a declaration of the table: a detector, a score,
     an ``hs.detect`` pattern other than ``pattern``; or a weight-only role), or None: a label names
     one role, and the role map and the legends look roles up by it."""
-    from headscope import weighttables as weights_tables
+    from headscope.core import weighttables as weights_tables
 
     table = DECLARATIONS if registered is None else registered
 
@@ -117,7 +117,7 @@ def reserved_detector_name(name: str) -> str | None:
         return f"{name!r} names the tables of the {found.summary!r} score"
     if found is not None and found.part == "pattern":
         return f"{name!r} names an hs.detect pattern of this session"
-    from headscope import weighttables as weights_tables
+    from headscope.core import weighttables as weights_tables
 
     if name in weights_tables.ROLES:
         return f"{name!r} names the scan's weight-only {name} table"

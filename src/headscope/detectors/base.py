@@ -29,8 +29,8 @@ import torch
 
 from headscope.capture import Batch
 from headscope.capture.rows import Pairs, PairWeights
+from headscope.core.rolespec import RoleSpec
 from headscope.models import HeadLayout
-from headscope.rolespec import RoleSpec
 
 Need = Literal["tokens", "words", "arcs", "coref", "logits", "positions"]
 Source = Literal["text", "repeated-tokens", "treebank", "coref", "ioi", "retrieval"]

@@ -7,7 +7,7 @@ target keys against the uniform share of those keys. Only the targets differ.
 from __future__ import annotations
 
 from headscope.capture import Batch
-from headscope.rolespec import RoleSpec
+from headscope.core.rolespec import RoleSpec
 
 from .target import TargetDetector, Targets
 

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import torch
 
 from headscope.capture import Batch
+from headscope.core.rolespec import PLAIN_COLOR
 from headscope.detectors.base import DetectorResult, RoleSpec
 from headscope.detectors.words import WordLevelDetector, word_maps
 from headscope.models import HeadLayout
-from headscope.rolespec import PLAIN_COLOR
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_RELATIONS = ("nsubj", "obj", "det", "amod", "advmod", "aux", "case", "mark")

@@ -23,9 +23,9 @@ import torch
 
 from headscope.capture import Batch
 from headscope.capture.rows import Pairs, PairWeights
+from headscope.core.registry import origin_in
+from headscope.core.rolespec import RoleSpec
 from headscope.errors import HeadscopeError, InputError, RunFailure
-from headscope.registry import origin_in
-from headscope.rolespec import RoleSpec
 
 from .base import Detector
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from headscope.core.registry import Registry
 from headscope.errors import InputError
-from headscope.registry import Registry
 from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
 
 from .base import ProgressFactory, RepeatSpec, Report

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from headscope import detectors
+from headscope.core.rolespec import RoleSpec
 from headscope.detectors.positional import SINK_ROLE
-from headscope.rolespec import RoleSpec
 from headscope.verdicts.stats import benjamini_hochberg, one_sided_p
 from headscope.weightroles import summaries as weights_tables
 

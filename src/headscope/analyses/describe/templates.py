@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from headscope.core.registry import Registry
 from headscope.errors import InputError
-from headscope.registry import Registry
 
 # Query classes, one per query token (the first that applies, in this order).
 QUERY_CLASSES = ("line-start", "punctuation", "digit", "word-continuation", "function-word", "content-word")

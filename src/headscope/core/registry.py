@@ -51,7 +51,7 @@ def reserved_analysis_name(name: str) -> str | None:
         taken.append(f"hs.{python} is headscope's own function")
     if name in CLI_COMMANDS or python in CLI_COMMANDS:
         taken.append(f"`headscope {name}` is headscope's own command")
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent  # the headscope package
     if python not in API_NAMES and ((here / python).is_dir() or (here / f"{python}.py").is_file()):
         taken.append(f"headscope.{python} is a module of headscope")
     if not taken:

@@ -1,7 +1,7 @@
 """The weights tables (detector "weights"): what each head's score means (the report's section
 summaries), and the role each table names, by relation."""
 
-from headscope.rolespec import RoleSpec
+from headscope.core.rolespec import RoleSpec
 
 # The detector name of every table read from the weights alone.
 DETECTOR = "weights"
