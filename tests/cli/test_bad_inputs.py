@@ -529,9 +529,11 @@ import time
 from headscope import capture
 from headscope.cli import main
 
+import dataclasses
+
 real_run = capture.run
 
-def announcing_run(loaded, batches, on_layer, **kwargs):
+def announcing_run(loaded, batches, spec):
     announced = []
 
     def announcing(callback):
@@ -550,8 +552,13 @@ def announcing_run(loaded, batches, on_layer, **kwargs):
         return inner
 
     # Row chunks (on_layer) or, where every detector reads pairs, the pairs' weights (on_pairs).
-    kwargs["on_pairs"] = announcing(kwargs.get("on_pairs"))
-    return real_run(loaded, batches, announcing(on_layer), **kwargs)
+    reads = [
+        dataclasses.replace(r, on_layer=announcing(r.on_layer), on_pairs=announcing(r.on_pairs))
+        if isinstance(r, capture.Attention)
+        else r
+        for r in spec.reads
+    ]
+    return real_run(loaded, batches, dataclasses.replace(spec, reads=reads))
 
 capture.run = announcing_run
 sys.argv = ["headscope", *sys.argv[1:]]

@@ -445,7 +445,7 @@ def stream_vs_eager(model: Any, tok: Any, name: str) -> float:
         saved = stream._CHUNK_ELEMENTS
         stream._CHUNK_ELEMENTS = len(rows) * loaded.layout.n_heads * width * 3  # 3 queries a chunk
         try:
-            capture.run(loaded, batches, on_layer)
+            capture.run(loaded, batches, capture.Pass(reads=[capture.Attention(on_layer)]))
         finally:
             stream._CHUNK_ELEMENTS = saved
         maps[mode] = got

@@ -59,7 +59,8 @@ def test_chunked_lm_head_loss_equals_full_logits(gemma3, monkeypatch):
     batches = analyses.model_batches(gemma3, encoded, special, 2)
     monkeypatch.setattr(capture.stream, "_LOGIT_CHUNK_ELEMENTS", 2 * 262144 * 3)  # 3 positions per chunk
     chunked = []
-    capture.run(gemma3, batches, lambda *_: None, on_token_loss=lambda losses, b: chunked.append(losses))
+    losses = capture.TokenLosses(lambda losses, b: chunked.append(losses))
+    capture.run(gemma3, batches, capture.Pass(reads=[capture.Attention(lambda *_: None), losses]))
     for batch, losses in zip(batches, chunked, strict=True):
         with torch.inference_mode():
             logits = gemma3.model(
@@ -112,15 +113,12 @@ def test_dla_on_the_real_model_adds_up_and_finds_name_movers(gemma3):
         )
     logits = {}
     try:
-        capture.run(
-            gemma3,
-            [batch],
-            lambda *_: None,
-            writes=writes,
-            on_hidden=lambda h, b: logits.__setitem__(
+        hidden = capture.FinalHidden(
+            lambda h, b: logits.__setitem__(
                 "end", gemma3.model.get_output_embeddings()(h[rows, ends]).double()
-            ),
+            )
         )
+        capture.run(gemma3, [batch], capture.Pass(reads=[capture.Attention(lambda *_: None), writes, hidden]))
     finally:
         for handle in handles:
             handle.remove()

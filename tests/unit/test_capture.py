@@ -27,7 +27,8 @@ def collect(loaded, batches, **options):
             n = int(batch.attention_mask[row].sum())
             seen[(example, layer)] = full[row, :, :n, :n]
 
-    capture.run(loaded, batches, on_layer, on_layer_done=on_layer_done, **options)
+    attention = capture.Attention(on_layer, on_layer_done=on_layer_done)
+    capture.run(loaded, batches, capture.Pass(reads=[attention], **options))
     return seen
 
 

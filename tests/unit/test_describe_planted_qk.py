@@ -252,6 +252,14 @@ def weights(entry: dict, query_class: str = "all") -> dict[str, float]:
     return {c["name"]: c["weight"] for c in entry["components"] if c["query_class"] == query_class}
 
 
+# The unconditioned heads' planted templates and weights.
+PLANTED_WEIGHTS = {
+    "offset-1": {"offset-1": 1.0},
+    "sink+offset-1": {"sink": 0.6, "offset-1": 0.4},
+    "broad": {"broad": 1.0},
+}
+
+
 def heads_with(pattern: str) -> list[tuple[int, int]]:
     return [(layer, patterns.index(pattern)) for layer, patterns in enumerate(LAYERS)]
 
@@ -262,12 +270,13 @@ def test_the_planted_windows_have_both_query_classes(atlas):
     assert atlas.evaluation["windows"] >= 6
 
 
-def test_one_template_is_recovered(atlas):
-    for layer, head in heads_with("offset-1"):
+@pytest.mark.parametrize("pattern", ["offset-1", "broad"])
+def test_one_template_is_recovered(atlas, pattern):
+    for layer, head in heads_with(pattern):
         entry = atlas.head(layer, head)
         assert not entry["conditioned"], entry["components"]
-        assert entry["dominant"] == "offset-1"
-        assert weights(entry).get("offset-1", 0) == pytest.approx(1.0, abs=0.05), entry["components"]
+        assert entry["dominant"] == pattern
+        assert weights(entry).get(pattern, 0) == pytest.approx(1.0, abs=0.05), entry["components"]
 
 
 def test_a_sixty_forty_mixture_is_recovered(atlas):
@@ -278,14 +287,6 @@ def test_a_sixty_forty_mixture_is_recovered(atlas):
         assert found.get("sink", 0) == pytest.approx(0.6, abs=0.05), entry["components"]
         assert found.get("offset-1", 0) == pytest.approx(0.4, abs=0.05), entry["components"]
         assert entry["dominant"] == "sink"  # 0.6 of the attention on the first token
-
-
-def test_broad_is_recovered(atlas):
-    for layer, head in heads_with("broad"):
-        entry = atlas.head(layer, head)
-        assert not entry["conditioned"], entry["components"]
-        assert entry["dominant"] == "broad"
-        assert weights(entry).get("broad", 0) == pytest.approx(1.0, abs=0.05), entry["components"]
 
 
 def test_the_conditioned_head_depends_on_the_query_class(atlas):
@@ -326,16 +327,9 @@ def test_hs_describe_recovers_the_positional_heads_end_to_end(planted, tmp_path)
     assert model.config._attn_implementation == "eager"
     found = result.atlas
     assert found.evaluation["from"] == str(path) and found.evaluation["windows"] >= 4
-    for layer, head in heads_with("offset-1"):
-        entry = found.head(layer, head)
-        assert weights(entry).get("offset-1", 0) == pytest.approx(1.0, abs=0.05), entry["components"]
-        assert entry["explained"]["value"] >= 0.95
-    for layer, head in heads_with("sink+offset-1"):
-        entry = found.head(layer, head)
-        assert weights(entry).get("sink", 0) == pytest.approx(0.6, abs=0.05), entry["components"]
-        assert weights(entry).get("offset-1", 0) == pytest.approx(0.4, abs=0.05), entry["components"]
-        assert entry["explained"]["value"] >= 0.95
-    for layer, head in heads_with("broad"):
-        entry = found.head(layer, head)
-        assert weights(entry).get("broad", 0) == pytest.approx(1.0, abs=0.05), entry["components"]
-        assert entry["explained"]["value"] >= 0.95
+    for pattern, planted_weights in PLANTED_WEIGHTS.items():
+        for layer, head in heads_with(pattern):
+            entry = found.head(layer, head)
+            for name, weight in planted_weights.items():
+                assert weights(entry).get(name, 0) == pytest.approx(weight, abs=0.05), entry["components"]
+            assert entry["explained"]["value"] >= 0.95

@@ -10,82 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import word_tokenizer
+from tiny_models import tiny_gemma, tiny_gpt2, tiny_llama
 
-import headscope as hs
 from headscope import capture
 from headscope.capture.dla import HeadWrites, logit_constant
 from headscope.capture.patching import record_block_inputs, rerun_block
-from headscope.models import LoadedModel
 from headscope.models.anatomy import blocks as model_blocks
 from headscope.models.anatomy import post_attention_norm
-
-
-def _loaded(model, config) -> LoadedModel:
-    loaded = hs.load(model, word_tokenizer(config.vocab_size), capture="stream", name="tiny")
-    assert loaded.capture_mode == "stream"
-    return loaded
-
-
-def tiny_llama() -> LoadedModel:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_bias=True,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # random norm gains, so that folding them in is tested
-        for module in model.modules():
-            if type(module).__name__.endswith("RMSNorm"):
-                module.weight.uniform_(0.5, 1.5)
-            if isinstance(module, torch.nn.Linear) and module.bias is not None:
-                module.bias.normal_(0, 0.1)
-    return _loaded(model, config)
-
-
-def tiny_gemma() -> LoadedModel:
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=8,
-        sliding_window=4,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module).__name__.endswith("RMSNorm") and module.weight.dim() == 1:
-                module.weight.uniform_(-0.5, 0.5)  # Gemma scales by 1 + w
-    return _loaded(model, config)
-
-
-def tiny_gpt2() -> LoadedModel:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(vocab_size=50, n_embd=32, n_layer=3, n_head=4, n_positions=64)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0, 0.2)
-    return _loaded(model, config)
 
 
 def _batch(vocab: int) -> capture.Batch:
@@ -141,7 +72,8 @@ def test_heads_plus_other_components_equal_the_logit_difference(build):
         logits["all"] = loaded.model.get_output_embeddings()(hidden[rows, positions]).double()
 
     try:
-        capture.run(loaded, [batch], lambda *_: None, writes=writes, on_hidden=on_hidden)
+        reads = [capture.Attention(lambda *_: None), writes, capture.FinalHidden(on_hidden)]
+        capture.run(loaded, [batch], capture.Pass(reads=reads))
     finally:
         for handle in handles:
             handle.remove()
@@ -175,7 +107,7 @@ def test_head_writes_sum_to_the_attention_block_output():
 
         handles.append(post_attention_norm(block).register_forward_hook(grab))
     try:
-        capture.run(loaded, [batch], lambda *_: None, writes=writes)
+        capture.run(loaded, [batch], capture.Pass(reads=[capture.Attention(lambda *_: None), writes]))
     finally:
         for handle in handles:
             handle.remove()
@@ -228,7 +160,7 @@ def test_replay_reproduces_the_clean_pass_and_a_change_reaches_only_its_query(bu
         if index == layer:
             clean.setdefault("chunks", []).append(attn.clone())
 
-    capture.run(loaded, [batch], on_layer)
+    capture.run(loaded, [batch], capture.Pass(reads=[capture.Attention(on_layer)]))
     clean_weights = torch.cat(clean["chunks"], dim=2)
     inputs = record_block_inputs(loaded, batch, [layer])[layer]
     replayed = _weights(loaded, layer, inputs, batch, None, positions)

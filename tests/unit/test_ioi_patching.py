@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_dla import _loaded
+from tiny_models import tiny_llama
 
 from headscope import capture
 from headscope.analyses import ioi as ioi_module
@@ -15,25 +15,6 @@ from headscope.data.circuits import IOIItem, IOISet
 from headscope.models.anatomy import blocks
 
 RECEIVERS = [(1, 0), (2, 1), (2, 3), (0, 2)]  # a receiver in layer 0 has no sender: no replay
-
-
-def sharp_llama():
-    """A tiny random Llama (GQA) with weights large enough that one head's write moves another's
-    attention by more than float noise."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.4,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return _loaded(LlamaForCausalLM(config).eval(), config)
 
 
 def _tiny_set() -> IOISet:
@@ -52,7 +33,7 @@ def _tiny_set() -> IOISet:
 @pytest.fixture(scope="module")
 def patched(request):
     """ioi() on a tiny random Llama with the name movers fixed to RECEIVERS, counting second passes."""
-    loaded = sharp_llama()
+    loaded = tiny_llama(sharp=True)
     calls = []
     patch = pytest.MonkeyPatch()
     patch.setattr(ioi_module, "_name_movers", lambda table, data, role: list(RECEIVERS))
@@ -101,7 +82,7 @@ def test_receiver_preference_is_attention_to_io_minus_s1_and_s2_at_end(patched):
                 weights[:, t["io"]].sum() - weights[:, t["s1"]].sum() - weights[:, t["s2"]].sum()
             )
 
-    capture.run(loaded, [batch], on_layer)
+    capture.run(loaded, [batch], capture.Pass(reads=[capture.Attention(on_layer)]))
     inputs = record_block_inputs(loaded, batch, [layer])[layer]
     signs = ioi_module._preference_signs(batch)
     found = ioi_module._receiver_preference(loaded, layer, heads, inputs, batch, signs, None)
@@ -184,7 +165,7 @@ def test_the_ioi_attention_table_is_the_attention_from_end_to_each_name(patched)
                 expected[t, example, layer] += attn[row, :, end][:, positions].double().sum(-1)
                 base[t, example, layer] += len(positions) / (meta["end"] + 1)  # causal, padded on the right
 
-    capture.run(loaded, batches["clean"], on_layer)
+    capture.run(loaded, batches["clean"], capture.Pass(reads=[capture.Attention(on_layer)]))
     results = detector.results("tiny")
     for t, result in enumerate(results):
         torch.testing.assert_close(result.sums, expected[t], rtol=0, atol=1e-6)

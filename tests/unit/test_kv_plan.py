@@ -95,7 +95,8 @@ def test_streaming_mask_equals_an_explicit_per_head_mask(toy):
 
     heads = capture.StreamingHeads.of(streamed, sink, recent)
     with capture.prepared(loaded):
-        capture.run(loaded, batches, lambda *_: None, on_hidden=on_hidden, edits=[heads])
+        reads = [capture.Attention(lambda *_: None), capture.FinalHidden(on_hidden)]
+        capture.run(loaded, batches, capture.Pass(reads=reads, edits=[heads]))
     assert len(got) == 3
     for ids, logits in got.items():
         with kv.reference_streaming(model, streamed, sink, recent), torch.no_grad():

@@ -67,7 +67,7 @@ def scored(loaded: LoadedModel, names: list[str], data: list[capture.Batch]):
         for detector in chosen:
             detector.end_layer(layer, batch)
 
-    capture.run(loaded, data, on_layer, on_layer_done=on_done)
+    capture.run(loaded, data, capture.Pass(reads=[capture.Attention(on_layer, on_layer_done=on_done)]))
     return {r.detector: r for d in chosen for r in d.results()}
 
 

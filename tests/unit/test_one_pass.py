@@ -130,7 +130,8 @@ def test_an_edit_raising_mid_pass_leaves_no_hook_and_the_same_logits(toy, kind):
             raise _Boom
 
     with pytest.raises(_Boom):
-        capture.run(toy, [batch], None, on_layer_done=on_layer_done, edits=[_edits(toy)[kind]])
+        spec = capture.Pass(reads=[capture.Attention(on_layer_done=on_layer_done)], edits=[_edits(toy)[kind]])
+        capture.run(toy, [batch], spec)
     assert _hooks_on(toy.model) == 0
     assert torch.equal(_logits(toy, batch), before)
 
@@ -157,7 +158,8 @@ def test_applied_removes_its_hooks_when_the_forward_raises(toy):
 
 def _losses(loaded, batch, **kwargs) -> torch.Tensor:
     out = []
-    capture.run(loaded, [batch], None, on_token_loss=lambda loss, _b: out.append(loss.clone()), **kwargs)
+    losses = capture.TokenLosses(lambda loss, _b: out.append(loss.clone()))
+    capture.run(loaded, [batch], capture.Pass(reads=[losses], **kwargs))
     return out[0]
 
 
@@ -169,9 +171,9 @@ def test_edits_change_the_pass_and_are_the_only_spelling(toy):
         assert not torch.equal(_losses(toy, batch, edits=[edits[kind]]), clean)  # the edit changes the pass
     ablated = _losses(toy, batch, edits=[edits["ablate"], None])  # None entries are skipped
     assert torch.equal(ablated, _losses(toy, batch, edits=[edits["ablate"]]))
-    for old in ("ablation", "streaming"):  # the old keywords are gone: one way to intervene
+    for old in ("ablation", "streaming", "edits"):  # the old keywords are gone: one way to intervene
         with pytest.raises(TypeError):
-            capture.run(toy, [batch], None, **{old: edits["ablate" if old == "ablation" else "stream"]})
+            capture.run(toy, [batch], capture.Pass(), **{old: [edits["ablate"]]})
 
 
 def test_a_patched_head_outputs_the_given_vector_in_its_rows_only(toy):
@@ -199,8 +201,11 @@ def test_an_added_vector_moves_the_residual_at_its_position(toy):
         len(anatomy.blocks(toy.model)) - 1, vectors, lambda b: b.attention_mask.long().sum(1) - 1
     )
     clean, moved = [], []
-    capture.run(toy, [batch], None, on_hidden=lambda h, _b: clean.append(h.clone()))
-    capture.run(toy, [batch], None, on_hidden=lambda h, _b: moved.append(h.clone()), edits=[edit])
+    capture.run(
+        toy, [batch], capture.Pass(reads=[capture.FinalHidden(lambda h, _b: clean.append(h.clone()))])
+    )
+    moving = capture.FinalHidden(lambda h, _b: moved.append(h.clone()))
+    capture.run(toy, [batch], capture.Pass(reads=[moving], edits=[edit]))
     changed = (clean[0] != moved[0]).any(-1)  # [B, T]
     row = int((batch.example_index == 1).nonzero()[0, 0])  # batches may order rows by length
     assert changed.nonzero().tolist() == [[row, int(ends[row])]]
@@ -262,5 +267,109 @@ def test_a_bad_edit_is_refused_before_the_first_forward_pass(toy, monkeypatch):
     monkeypatch.setattr(type(toy.base), "__call__", lambda *a, **k: calls.append(1))
     for edits, message in _bad_edits(toy):
         with pytest.raises(InputError, match=message):
-            capture.run(toy, [_batch(toy)], None, edits=edits)
+            capture.run(toy, [_batch(toy)], capture.Pass(edits=edits))
     assert calls == []
+
+
+# --- the reads: one declared object each, checked before the first forward pass ----------------------
+
+
+def _bad_passes(toy, toy_eager, bert):
+    """(model, a function that declares and runs the pass, the error, its message): each names the read."""
+    keep = lambda *_: None  # noqa: E731
+    return [
+        (
+            toy,
+            lambda: capture.Pass(reads=[capture.TokenLosses(keep), None, capture.TokenLosses(keep)]),
+            InputError,
+            "one TokenLosses read per pass, got 2",
+        ),
+        (
+            toy,
+            lambda: capture.Pass(reads=[capture.Attention(keep), capture.Attention(keep, rows=None)]),
+            InputError,
+            "one Attention read per pass, got 2",
+        ),
+        (
+            toy_eager,
+            lambda: capture.Pass(reads=[capture.HeadOutputMeans([(0, 1)])]),
+            RunFailure,
+            "HeadOutputMeans: head ablation's mean outputs need streaming capture",
+        ),
+        (
+            toy_eager,
+            lambda: capture.Pass(reads=[capture.BlockRecorder(toy, [1])]),
+            RunFailure,
+            "BlockRecorder: path patching's block inputs need streaming capture",
+        ),
+        (
+            bert,
+            lambda: capture.Pass(reads=[capture.TokenLosses(keep)]),
+            RunFailure,
+            "TokenLosses: next-token losses need a language model with an LM head",
+        ),
+        (
+            toy,
+            lambda: capture.Pass(reads=[capture.FinalHidden(keep)], stop_after=0),
+            InputError,
+            "FinalHidden: a pass with stop_after=0 ends early and has no final states",
+        ),
+        (
+            toy,
+            lambda: capture.Pass(reads=[capture.Attention(keep), capture.TokenLosses(keep)], stop_after=1),
+            InputError,
+            "TokenLosses: a pass with stop_after=1 ends early",
+        ),
+        (toy_eager, lambda: capture.Pass(stop_after=0), RunFailure, "stop_after=0 needs streaming capture"),
+        (
+            toy,
+            lambda: capture.Pass(reads=[capture.Attention(rows=capture.rows.last_row)]),
+            InputError,
+            "Attention: rows without on_layer",
+        ),
+    ]
+
+
+def test_a_bad_read_is_refused_before_any_forward_pass_naming_the_read(toy, toy_eager, monkeypatch):
+    from tiny_models import tiny_bert
+
+    bert = tiny_bert()
+    calls = []
+    for loaded in (toy, toy_eager, bert):
+        monkeypatch.setattr(type(loaded.base), "__call__", lambda *a, **k: calls.append(1))
+    for loaded, declare, error, message in _bad_passes(toy, toy_eager, bert):
+        batch = _batch(loaded, lengths=(5, 4))
+        with pytest.raises(error, match=message):
+            capture.run(loaded, [batch], declare())
+    assert calls == []
+    with pytest.raises(TypeError, match="not a read"):
+        capture.Pass(reads=[lambda *_: None])
+    for old in ((lambda *_: None,), (None,)):  # the old positional on_layer: capture.run takes a Pass only
+        with pytest.raises(TypeError, match="capture.run takes a Pass"):
+            capture.run(toy, [_batch(toy)], *old)
+    assert calls == []
+
+
+def test_a_pass_reads_what_it_declares(toy):
+    """One pass, four reads: attention rows, token losses, final states and heads' writes all arrive,
+    the same as each alone."""
+    batch = _batch(toy)
+    got: dict[str, list] = {"layers": [], "losses": [], "hidden": [], "done": []}
+    ends = lambda b: b.attention_mask.long().sum(1) - 1  # noqa: E731
+    writes = capture.HeadWrites(toy, ends, keep={0})
+    spec = capture.Pass(
+        reads=[
+            capture.Attention(lambda layer, *_: got["layers"].append(layer), rows=capture.rows.last_row),
+            capture.TokenLosses(lambda loss, _b: got["losses"].append(loss.clone())),
+            capture.FinalHidden(lambda h, _b: got["hidden"].append(h.clone())),
+            writes,
+        ],
+        on_batch_done=lambda b: got["done"].append(writes.kept[0].clone()),
+    )
+    capture.run(toy, [batch], spec)
+    assert sorted(set(got["layers"])) == capture.dla.attention_layers(toy)
+    alone: list[torch.Tensor] = []
+    capture.run(toy, [batch], capture.Pass(reads=[capture.TokenLosses(lambda loss, _b: alone.append(loss))]))
+    assert torch.allclose(got["losses"][0], alone[0], atol=1e-5, rtol=0)
+    assert got["hidden"][0].shape[:2] == batch.input_ids.shape
+    assert got["done"][0].shape[0] == batch.input_ids.shape[0]

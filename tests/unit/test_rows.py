@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import kv_toy_module
-from test_dla import tiny_gemma
+from tiny_models import tiny_gemma
 
 import headscope as hs
 from headscope import capture
@@ -167,7 +167,8 @@ def test_a_pass_nobody_reads_runs_fused_with_the_same_losses(toy):
     for path in ("selective", "full"):
         got = []
         with rows.full_maps() if path == "full" else torch.no_grad(), rows.counting() as counts:
-            capture.run(toy, batches, None, on_token_loss=lambda loss, b, got=got: got.append(loss.clone()))
+            losses_read = capture.TokenLosses(lambda loss, b, got=got: got.append(loss.clone()))
+            capture.run(toy, batches, capture.Pass(reads=[losses_read]))
         losses[path] = (got, counts)
     assert losses["selective"][1].total_exact == 0 and losses["full"][1].total_fused == 0
     for a, b in zip(losses["selective"][0], losses["full"][0], strict=True):
@@ -176,7 +177,8 @@ def test_a_pass_nobody_reads_runs_fused_with_the_same_losses(toy):
 
 def _hidden(loaded, batches, **kwargs):
     got = []
-    capture.run(loaded, batches, None, on_hidden=lambda h, b: got.append(h.clone()), **kwargs)
+    hidden = capture.FinalHidden(lambda h, b: got.append(h.clone()))
+    capture.run(loaded, batches, capture.Pass(reads=[hidden], **kwargs))
     return got
 
 
@@ -248,7 +250,6 @@ def test_retrieval_on_the_kv_toy_reads_only_the_answer_rows(tmp_path):
 def test_eager_capture_ignores_the_declaration(toy_eager, reads):
     """Eager capture has the model's own maps: every layer still arrives whole."""
     seen = []
-    capture.run(
-        toy_eager, _toy_batches(toy_eager), lambda layer, w, b, q: seen.append(w.shape[2]), reads=reads
-    )
+    attention = capture.Attention(lambda layer, w, b, q: seen.append(w.shape[2]), rows=reads)
+    capture.run(toy_eager, _toy_batches(toy_eager), capture.Pass(reads=[attention]))
     assert seen and set(seen) == {12}

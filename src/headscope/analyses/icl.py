@@ -430,7 +430,7 @@ def text_losses(
     prefix = len(_specials(loaded)[0])
     meter = PositionLoss(len(sequences), context, prefix)
     batches = model_batches(loaded, sequences, specials, batch_size)
-    capture.run(loaded, batches, None, on_token_loss=meter, edits=[ablation])
+    capture.run(loaded, batches, capture.Pass(reads=[capture.TokenLosses(meter)], edits=[ablation]))
     return meter.loss
 
 
@@ -569,11 +569,11 @@ def answer_probs(
     capture.run(
         loaded,
         batches,
-        None,
-        on_hidden=on_hidden,
-        writes=writes,
-        on_batch_done=on_batch_done,
-        edits=[ablation, steered],
+        capture.Pass(
+            reads=[capture.FinalHidden(on_hidden), writes],
+            edits=[ablation, steered],
+            on_batch_done=on_batch_done,
+        ),
     )
     return correct, prob
 

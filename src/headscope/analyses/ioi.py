@@ -319,7 +319,7 @@ def s_inhibition(
     for index, (clean_batch, corrupt_batch) in enumerate(zip(clean, corrupt, strict=True)):
         ends_clean = _ends(clean_batch)
         # The senders' writes are all this pass is for: it ends after the last sender layer.
-        capture.run(loaded, [corrupt_batch], None, writes=corrupted, stop_after=last - 1)
+        capture.run(loaded, [corrupt_batch], capture.Pass(reads=[corrupted], stop_after=last - 1))
         if recorded is not None:
             inputs, clean_kept = recorded[index].blocks, recorded[index].writes
         else:
@@ -452,16 +452,13 @@ def ioi(
         if advance:
             advance(len(batch.example_index))
 
+    attention = capture.Attention(detector.update, rows=detector.reads, on_layer_done=detector.end_layer)
     capture.run(
         loaded,
         clean,
-        detector.update,
-        reads=detector.reads,
-        on_layer_done=detector.end_layer,
-        writes=writes,
-        on_hidden=on_hidden,
-        on_batch_done=on_batch_done,
-        blocks=blocks,
+        capture.Pass(
+            reads=[attention, writes, capture.FinalHidden(on_hidden), blocks], on_batch_done=on_batch_done
+        ),
     )
     ones = torch.ones(n, dtype=torch.float64)
     results = detector.results(data)
@@ -529,13 +526,8 @@ def verify_ioi(
 
     def mean_diff(ablation: capture.Ablation | None) -> float:
         values: list[torch.Tensor] = []
-        capture.run(
-            loaded,
-            batches,
-            None,
-            edits=[ablation],
-            on_hidden=lambda h, b: values.append(_logit_diffs(loaded, h, b)),
-        )
+        hidden = capture.FinalHidden(lambda h, b: values.append(_logit_diffs(loaded, h, b)))
+        capture.run(loaded, batches, capture.Pass(reads=[hidden], edits=[ablation]))
         return float(torch.cat(values).mean())
 
     clean = mean_diff(None)

@@ -214,14 +214,15 @@ def _text_loss(
         total += float(losses[counted].double().sum())
         count += int(counted.sum())
 
+    attention = capture.Attention(on_layer, rows=reads) if on_layer is not None else None
     capture.run(
         loaded,
         inputs.text_batches,
-        on_layer,
-        reads=reads,
-        on_token_loss=on_loss,
-        edits=[streaming],
-        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        capture.Pass(
+            reads=[attention, capture.TokenLosses(on_loss)],
+            edits=[streaming],
+            on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        ),
     )
     return total / max(1, count)
 

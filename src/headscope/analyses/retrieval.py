@@ -280,14 +280,15 @@ def _measure(
         if detector is not None:
             detector.settle(batch, correct)
 
+    attention = capture.Attention(detector.update, rows=detector.reads) if detector is not None else None
     capture.run(
         loaded,
         batches,
-        detector.update if detector is not None else None,
-        reads=detector.reads if detector is not None else None,
-        edits=[ablation, streaming],
-        on_hidden=on_hidden,
-        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        capture.Pass(
+            reads=[attention, capture.FinalHidden(on_hidden)],
+            edits=[ablation, streaming],
+            on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        ),
     )
     cells = []
     for key in dict.fromkeys((p.context, p.depth) for p in prompts):

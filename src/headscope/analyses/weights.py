@@ -378,7 +378,7 @@ def _continue(
             hit[int(example)] = int(logits[row].argmax()) == target
             loss[int(example)] = float(torch.logsumexp(logits[row], -1) - logits[row, target])
 
-    capture.run(loaded, batches, None, edits=[ablation], on_hidden=on_hidden)
+    capture.run(loaded, batches, capture.Pass(reads=[capture.FinalHidden(on_hidden)], edits=[ablation]))
     n = len(targets)
     return ContinuationOutcome(n, sum(hit) / n, sum(loss) / n)
 

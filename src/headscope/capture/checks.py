@@ -205,6 +205,8 @@ def _forward(loaded: Any, batch: Batch) -> Any:
 
 
 def _check_maps(loaded: Any) -> Conformance:
+    from .reads import Attention, FinalHidden
+    from .spec import Pass
     from .stream import STREAM_IMPLEMENTATION, model_inputs, prepared, run
 
     try:
@@ -219,7 +221,7 @@ def _check_maps(loaded: Any) -> Conformance:
     valid = batch.attention_mask.cpu()
     if loaded.capture_mode == "eager":
         seen: list[int] = []
-        run(loaded, [batch], lambda layer, *_: seen.append(layer))
+        run(loaded, [batch], Pass(reads=[Attention(lambda layer, *_: seen.append(layer))]))
         expected = attention_layers(loaded)
         if sorted(seen) != expected:
             return Conformance("maps", False, math.nan, f"eager attention came from layers {seen}")
@@ -233,7 +235,8 @@ def _check_maps(loaded: Any) -> Conformance:
         )
         full[:, :, q_start : q_start + weights.shape[2], : weights.shape[3]] = weights.cpu()
 
-    run(loaded, [batch], on_layer, on_hidden=lambda h, _b: hidden.setdefault("stream", h.float().cpu()))
+    stream_hidden = FinalHidden(lambda h, _b: hidden.setdefault("stream", h.float().cpu()))
+    run(loaded, [batch], Pass(reads=[Attention(on_layer), stream_hidden]))
     # The selective path: exact weights for two rows of each sequence (its fourth and last
     # tokens), every other row through the fused kernel. Those rows' maps and the final states
     # must equal the model's eager attention too.
@@ -250,13 +253,8 @@ def _check_maps(loaded: Any) -> Conformance:
         mask[:, 3] = True
         return mask
 
-    run(
-        loaded,
-        [batch],
-        on_chosen,
-        reads=reads,
-        on_hidden=lambda h, _b: hidden.setdefault("selective", h.float().cpu()),
-    )
+    selective_hidden = FinalHidden(lambda h, _b: hidden.setdefault("selective", h.float().cpu()))
+    run(loaded, [batch], Pass(reads=[Attention(on_chosen, rows=reads), selective_hidden]))
     read_rows = reads(batch).cpu()
     model = loaded.model
     with prepared(loaded), torch.inference_mode():
@@ -464,6 +462,8 @@ def _check_dla(loaded: Any) -> Conformance:
 
 
 def _check_ov(loaded: Any) -> Conformance:
+    from .reads import Attention
+    from .spec import Pass
     from .stream import run
 
     layers = _layers(loaded)
@@ -495,13 +495,11 @@ def _check_ov(loaded: Any) -> Conformance:
             )
         # Each head's weight on the one key: 1, but for attention sinks (GPT-OSS), which take a share.
         weight_on_self: dict[int, torch.Tensor] = {}
-        run(
-            loaded,
-            [batch],
-            lambda layer, weights, _b, _q: weight_on_self.__setitem__(
-                layer, weights[:, :, 0, 0].double().cpu()
-            ),
-        )
+
+        def on_layer(layer: int, weights: torch.Tensor, _batch: Batch, _q: int) -> None:
+            weight_on_self[layer] = weights[:, :, 0, 0].double().cpu()
+
+        run(loaded, [batch], Pass(reads=[Attention(on_layer)]))
     errors = {"one-token output": 0.0, "input norm": 0.0}
     for index, layer in layers.items():
         path = projections.value_path(layer.attention, config)

@@ -164,9 +164,9 @@ TokensOf = Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]  # ([B] target i
 class HeadWrites:
     """Records each head's write at one chosen position per row, and its DLA toward a target.
 
-    Used as the ``writes`` argument of :func:`headscope.capture.run`. The heads' outputs are read
-    where the model itself combines them: the input of each attention layer's output projection,
-    so this works in streaming and in eager capture alike. Per batch it leaves
+    A read of a pass (``Pass(reads=[HeadWrites(...)])``). The heads' outputs are read where the
+    model itself combines them: the input of each attention layer's output projection, so this
+    works in streaming and in eager capture alike. Per batch it leaves
 
     * ``dla``: ``[B, L, H]`` float64 direct logit attribution (when ``tokens_of`` is given),
     * ``bias_dla``: ``[B, L]`` that of each layer's output-projection bias,

@@ -1,7 +1,8 @@
 """What a forward pass changes in the model: the edits, one small declared kind each.
 
-A pass is declared as what it reads (attention rows or pairs, per-head writes, hidden states, token
-losses: the keywords of :func:`headscope.capture.run`) and what it edits, a list of these:
+A pass (:class:`headscope.capture.Pass`) is declared as what it reads (attention rows or pairs,
+per-head writes, hidden states, token losses: :mod:`headscope.capture.reads`) and what it edits, a
+list of these:
 
 * :class:`AblateHeads`: chosen heads' outputs replaced by zeros or by their set-wide mean;
 * :class:`StreamHeads`: chosen KV heads see only an attention sink and a recent window;
@@ -12,7 +13,7 @@ losses: the keywords of :func:`headscope.capture.run`) and what it edits, a list
 
 The first two act inside headscope's streaming attention function, so they need streaming capture
 and install no hook; the other two are forward hooks. :func:`applied` is the one way to put a list
-of edits on a model: ``capture.run(..., edits=[...])`` uses it, and so can a caller that runs the
+of edits on a model: ``capture.run(loaded, batches, Pass(edits=[...]))`` uses it, and so can a caller that runs the
 model itself (a cached decoding step). Its hooks go through :func:`headscope.capture.hooks.hooked`
 and are removed in ``finally``, also when the pass raises.
 """

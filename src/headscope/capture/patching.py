@@ -7,8 +7,9 @@ their clean values. Only the queries see the change, and no block between sender
 recomputes anything: the sender's effect is restricted to the direct path into the receivers'
 queries (Wang et al. 2022, path patching to the name movers' queries).
 
-:class:`~headscope.capture.stream.BlockRecorder` keeps, for each receiver block, the arguments it
-was called with and its keys and values, as a read of a clean pass (``capture.run(..., blocks=...)``);
+:class:`~headscope.capture.reads.BlockRecorder` keeps, for each receiver block, the arguments it
+was called with and its keys and values, as a read of a clean pass
+(``capture.run(loaded, batches, Pass(reads=[BlockRecorder(...), ...]))``);
 :func:`record_block_inputs` runs a clean pass of its own for that. :func:`rerun_block` replays one
 block on a changed residual stream, hands its attention weights to a callback, and ends the block
 there: nothing after the attention weights is computed.
@@ -27,10 +28,8 @@ from headscope.models.anatomy import blocks as model_blocks
 
 from .batch import Batch
 from .dla import HeadWrites
+from .reads import BlockInputs, BlockRecorder, LayerCallback
 from .stream import (
-    BlockInputs,
-    BlockRecorder,
-    LayerCallback,
     _sink,
     _Stop,
     model_inputs,
@@ -47,7 +46,7 @@ def record_block_inputs(
     """One clean forward pass of ``batch`` that keeps each block of ``layers``' inputs, K and V.
 
     ``writes`` (optional) records the heads' writes in the same pass. A pass that is already made
-    can keep them itself instead: ``capture.run(..., blocks=BlockRecorder(...))``.
+    can keep them itself instead: ``Pass(reads=[BlockRecorder(...), ...])``.
     """
     recorder = BlockRecorder(loaded, layers)
     on_device = batch.to(loaded.device)

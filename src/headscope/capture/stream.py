@@ -26,10 +26,20 @@ from .ablation import AblateHeads, HeadOutputMeans
 from .batch import Batch, mask_open
 from .borrow import borrowed, use_attention
 from .dla import HeadWrites, attention_layers
-from .edits import Edit, applied
+from .edits import applied
 from .hooks import hooked
 from .kvmask import StreamHeads
+from .reads import (
+    Attention,
+    BlockRecorder,
+    FinalHidden,
+    LayerCallback,
+    LayerDone,
+    PairCallback,
+    TokenLosses,
+)
 from .rows import Reads
+from .spec import Pass
 
 STREAM_IMPLEMENTATION = "headscope_stream"
 
@@ -40,13 +50,7 @@ _FUSED_CHUNK_ELEMENTS = 1 << 26
 _PLAN_ROWS = 2048  # mask rows read at a time when planning the key ranges of the chunks
 
 
-# on_layer(layer, weights[B, H, c, K'], batch, q_start): weights of queries q_start..q_start+c-1.
-LayerCallback = Callable[[int, torch.Tensor, "Batch", int], None]
-# on_pairs(layer, [PairWeights per reader], batch): the weights at the pairs the readers declared.
-PairCallback = Callable[[int, "list[rows.PairWeights]", "Batch"], None]
-
-
-LayerDone = Callable[[int, "Batch"], None]
+# LayerCallback, PairCallback and LayerDone (what an Attention read calls) live in reads.py.
 
 
 class _LayerSink:
@@ -697,148 +701,34 @@ def block_outputs(
             on_output(caught.pop("hidden"), on_device)
 
 
-@dataclass
-class BlockInputs:
-    """What one block received in a clean pass: its hidden states, its other arguments, its K and V.
+def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
+    """Run every batch through the model, as ``spec`` declares: what the pass reads, what it edits.
 
-    ``hidden`` is ``[B, T, D]``, or ``[B, 1, D]`` with ``at`` set: only row b's position ``at[b]``
-    was kept (all a replay of that position's query needs). ``kv`` are the attention's keys and
-    values as the attention function received them (``[B, KV heads, T, head_dim]``).
+    The reads (:mod:`headscope.capture.reads`) get what they declare, batch by batch: each layer's
+    attention weights (:class:`Attention`, for the rows it selects), next-token losses
+    (:class:`TokenLosses`: only then does the LM head run, in position chunks), the final hidden
+    states (:class:`FinalHidden`), heads' writes (:class:`HeadWrites`; its ``begin`` and ``finish``
+    run around each batch), heads' mean outputs (:class:`HeadOutputMeans`) and blocks' inputs
+    (:class:`BlockRecorder`). The edits (:mod:`headscope.capture.edits`) change the model for the
+    pass only. ``spec.on_batch_done(batch)`` runs once every read of the batch is complete.
+    Everything is checked before the first forward pass (:meth:`Pass.check`, :func:`applied`).
     """
-
-    hidden: torch.Tensor
-    args: tuple
-    kwargs: dict[str, Any]
-    kv: tuple[torch.Tensor, torch.Tensor]
-    at: torch.Tensor | None = None
-    block: torch.nn.Module | None = None  # the block itself, so that a replay need not look it up
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.hidden, *self.kv))
-
-
-class BlockRecorder:
-    """A read of a forward pass (``run(..., blocks=recorder)``): each block of ``layers``' inputs,
-    keys and values, for path patching's replays (:mod:`headscope.capture.patching`).
-
-    With ``positions_of`` only one position per row of the hidden states is kept (``BlockInputs.at``).
-    Like :class:`HeadWrites`, ``begin`` and ``finish`` run around each batch; after ``finish``,
-    ``recorded`` holds that batch's ``{layer: BlockInputs}``. Streaming capture only: the keys and
-    values are taken in the streaming attention function.
-    """
-
-    def __init__(
-        self, loaded: Any, layers: Iterable[int], positions_of: Callable[[Batch], torch.Tensor] | None = None
-    ) -> None:
-        from headscope.models.anatomy import blocks
-
-        if loaded.capture_mode != "stream":
-            raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
-        self.layers = sorted(set(layers))
-        self.positions_of = positions_of
-        self._blocks = blocks(loaded.model)
-        self._at: torch.Tensor | None = None
-        self._saved: dict[int, tuple[torch.Tensor, tuple, dict[str, Any]]] = {}
-        self.recorded: dict[int, BlockInputs] = {}
-
-    def begin(self, batch: Batch) -> None:
-        self._saved = {}
-        self.recorded = {}
-        self._at = None if self.positions_of is None else self.positions_of(batch).to(batch.input_ids.device)
-
-    def _pre(self, layer: int) -> Callable[..., None]:
-        def hook(_module: Any, args: tuple, kwargs: dict) -> None:
-            if args:
-                hidden, rest, named = args[0], args[1:], dict(kwargs)
-            else:
-                hidden, rest = kwargs["hidden_states"], ()
-                named = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-            if self._at is None:
-                kept = hidden.detach().clone()
-            else:
-                index = torch.arange(hidden.shape[0], device=hidden.device)
-                kept = hidden.detach()[index, self._at.to(hidden.device)][:, None]  # a copy
-            self._saved[layer] = (kept, rest, named)
-
-        return hook
-
-    @contextlib.contextmanager
-    def hooked(self) -> Iterator[None]:
-        with hooked() as hooks:
-            for layer in self.layers:
-                hooks.before(self._blocks[layer], self._pre(layer), with_kwargs=True)
-            yield
-
-    def finish(self, kv: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Join each block's inputs with its keys and values (the sink's ``kv``)."""
-        missing = [layer for layer in self.layers if layer not in self._saved or layer not in kv]
-        if missing:
-            raise RunFailure(f"path patching: blocks {missing} were not seen in the forward pass")
-        at = None if self._at is None else self._at.cpu()
-        self.recorded = {
-            layer: BlockInputs(*self._saved[layer], kv[layer], at, self._blocks[layer])  # type: ignore[misc]
-            for layer in self.layers
-        }
-        self._saved = {}
-
-
-def run(
-    loaded: Any,
-    batches: Iterable[Batch],
-    on_layer: LayerCallback | None,
-    *,
-    reads: Reads | None = None,
-    on_pairs: PairCallback | None = None,
-    on_layer_done: LayerDone | None = None,
-    on_token_loss: Callable[[torch.Tensor, Batch], None] | None = None,
-    on_batch_done: Callable[[Batch], None] | None = None,
-    recorder: HeadOutputMeans | None = None,
-    writes: HeadWrites | None = None,
-    on_hidden: Callable[[torch.Tensor, Batch], None] | None = None,
-    stop_after: int | None = None,
-    edits: Iterable[Edit | None] = (),
-    blocks: BlockRecorder | None = None,
-) -> None:
-    """Run every batch through the model and give each layer's attention to ``on_layer``.
-
-    ``on_layer(layer, weights, batch, q_start)`` receives float32 weights ``[B, H, c, K']`` for
-    the queries ``q_start .. q_start + c - 1``, in order; ``K'`` may stop short of the batch's
-    length when the keys after the chunk are all masked (their weight is 0). It must not modify
-    ``weights``. ``on_layer_done(layer, batch)`` follows a layer's last chunk.
-    The LM head runs only when ``on_token_loss`` is given: it receives ``[B, T-1]`` float32 losses
-    of predicting token t+1 at position t, computed from the final hidden states in position
-    chunks (:func:`next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. ``recorder``
-    accumulates chosen heads' outputs (streaming capture only).
-    ``writes`` records heads' writes and their direct logit attribution at chosen positions
-    (:class:`HeadWrites`; its ``begin`` and ``finish`` run around each batch, and it is complete
-    when ``on_batch_done`` is called). ``on_hidden(hidden, batch)`` receives the final hidden
-    states ``[B, T, D]`` (after the final norm), for logits at a few positions.
-    ``stop_after`` (streaming capture only) ends each forward pass once block ``stop_after`` has
-    run: for callers that need only the layers up to it (path patching's senders).
-    ``edits`` changes the model for the pass (:mod:`headscope.capture.edits`: ablate heads, stream
-    KV heads, patch heads' outputs, add a vector after a block; None entries are skipped, so
-    ``edits=[maybe_ablation]`` reads as it should).
-    ``reads(batch)`` declares the query rows ``on_layer`` reads (:mod:`headscope.capture.rows`;
-    None: every row): only those get exact weights and reach ``on_layer``, every other row runs
-    through the fused SDPA kernel. ``on_layer=None`` reads no row: every layer runs fused.
-    When ``reads`` gives :class:`~headscope.capture.rows.Pairs` and ``on_pairs`` is set, no row
-    gets weights: ``on_pairs(layer, [PairWeights per part], batch)`` receives the weights at the
-    pairs, from the fused kernel's log-sum-exp (where a layer cannot, its pairs' rows are computed
-    exactly and go to ``on_layer`` instead).
-    ``blocks`` (:class:`BlockRecorder`, streaming capture only) keeps chosen blocks' inputs, keys
-    and values in the same pass, for path patching's replays; complete when ``on_batch_done`` is called.
-    """
-    if recorder is not None and loaded.capture_mode != "stream":
-        raise RunFailure("head ablation needs streaming capture", hint="drop --capture eager")
-    if blocks is not None and loaded.capture_mode != "stream":
-        raise RunFailure("path patching needs streaming capture", hint="drop --capture eager")
-    listed = list(edits)
+    if not isinstance(spec, Pass):
+        raise TypeError(
+            f"capture.run takes a Pass, got {type(spec).__name__}: "
+            "capture.run(loaded, batches, Pass(reads=[...], edits=[...]))"
+        )
+    spec.check(loaded)
+    attention = spec.read(Attention) or Attention()
+    on_layer, on_layer_done = attention.on_layer, attention.on_layer_done
+    on_token_loss = spec.read(TokenLosses)
+    on_hidden = spec.read(FinalHidden)
+    writes = spec.read(HeadWrites)
+    recorder = spec.read(HeadOutputMeans)
+    blocks = spec.read(BlockRecorder)
+    stop_after = spec.stop_after
+    on_batch_done = spec.on_batch_done
     device = loaded.device
-    if on_token_loss is not None and not loaded.has_lm_head:
-        raise RunFailure("next-token losses need a language model with an LM head")
-    if stop_after is not None and (on_hidden or on_token_loss or loaded.capture_mode != "stream"):
-        raise RunFailure("stop_after ends the pass early: no final states, and streaming capture only")
     module = loaded.base
     layers = attention_layers(loaded)
     if stop_after is not None:
@@ -850,7 +740,7 @@ def run(
         borrowed(loaded),
         torch.inference_mode(),
         stopping_after(loaded, stop_after) as stopped,
-        applied(loaded, listed) as live,
+        applied(loaded, spec.edits) as live,
     ):
         for batch in batches:
             on_device = batch.to(device)
@@ -874,8 +764,8 @@ def run(
                         on_layer_done,
                         recorder,
                         live.streaming,
-                        reads,
-                        on_pairs,
+                        attention.rows,
+                        attention.on_pairs,
                     ) as sink:
                         if blocks is not None:
                             sink.record_kv = set(blocks.layers)
@@ -893,21 +783,20 @@ def run(
                     if len(attentions) != n_layers:
                         raise RunFailure("the model returned no attention weights in eager mode")
                     for layer, weights in zip(layers, attentions, strict=True):
-                        if on_layer is None:
-                            continue
-                        # No mask reaches us here: a key is visible when some head gives it weight
-                        # (a masked key gets exactly 0 in every head).
-                        length = weights.shape[2]
-                        on_device.set_chunk(0, length, visible=(weights > 0).any(1))
-                        on_layer(layer, weights.float(), on_device, 0)
+                        if on_layer is not None:
+                            # No mask reaches us here: a key is visible when some head gives it
+                            # weight (a masked key gets exactly 0 in every head).
+                            length = weights.shape[2]
+                            on_device.set_chunk(0, length, visible=(weights > 0).any(1))
+                            on_layer(layer, weights.float(), on_device, 0)
                         if on_layer_done is not None:
                             on_layer_done(layer, on_device)
             if writes is not None:
                 writes.finish()
             if on_hidden is not None:
-                on_hidden(out.last_hidden_state, on_device)
+                on_hidden.on_hidden(out.last_hidden_state, on_device)
             if on_token_loss is not None:
-                on_token_loss(
+                on_token_loss.on_losses(
                     next_token_losses(loaded, out.last_hidden_state, on_device.input_ids), on_device
                 )
             if on_batch_done is not None:
@@ -919,7 +808,7 @@ def head_output_means(
 ) -> dict[tuple[int, int], torch.Tensor]:
     """The calibration pass of mean ablation: each head's mean output at each position, over the set."""
     recorder = HeadOutputMeans(heads)
-    run(loaded, batches, None, recorder=recorder)
+    run(loaded, batches, Pass(reads=[recorder]))
     return recorder.result()
 
 

@@ -95,7 +95,7 @@ def later_copy_loss(
     ablation: capture.AblateHeads | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     meter = CopyLossMeter(offset, spec.seq_len, spec.repeats, n_examples)
-    capture.run(loaded, batches, None, on_token_loss=meter, edits=[ablation])
+    capture.run(loaded, batches, capture.Pass(reads=[capture.TokenLosses(meter)], edits=[ablation]))
     return meter.later_sum, meter.later_tokens
 
 
@@ -209,7 +209,7 @@ def _token_losses(
         losses = token_losses.cpu()
         out.append(torch.cat([torch.full((losses.shape[0], 1), float("nan")), losses], dim=1))
 
-    capture.run(loaded, batches, None, on_token_loss=on_token_loss, edits=[ablation])
+    capture.run(loaded, batches, capture.Pass(reads=[capture.TokenLosses(on_token_loss)], edits=[ablation]))
     return out
 
 

@@ -165,15 +165,20 @@ def score_batches(
             detector.update_pairs(layer, part, batch)
 
     advance = progress(data_name, n_examples) if progress else None
+    attention = capture.Attention(
+        on_layer,
+        rows=capture.rows.union([detector.reads for detector in chosen]),
+        on_pairs=on_pairs,
+        on_layer_done=on_layer_done,
+    )
+    losses = capture.TokenLosses(on_token_loss) if on_token_loss is not None else None
     capture.run(
         loaded,
         batches,
-        on_layer,
-        reads=capture.rows.union([detector.reads for detector in chosen]),
-        on_pairs=on_pairs,
-        on_layer_done=on_layer_done,
-        on_token_loss=on_token_loss,
-        on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        capture.Pass(
+            reads=[attention, losses],
+            on_batch_done=(lambda b: advance(len(b.example_index))) if advance else None,
+        ),
     )
     return [result for detector in chosen for result in detector.results(data_name)]
 

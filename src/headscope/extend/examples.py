@@ -57,7 +57,7 @@ def attention_examples(loaded: Any, seed: int = 0) -> list[dict[str, Any]]:
             maps[layer, :, q_start : q_start + rows, : attn.shape[3]] = attn[0].float().cpu()
 
         batch = capture.make_batches([ids], [special], batch_size=1, pad_id=0, is_causal=loaded.is_causal)[0]
-        capture.run(loaded, [batch], on_layer)
+        capture.run(loaded, [batch], capture.Pass(reads=[capture.Attention(on_layer)]))
         quantised = np.clip(np.rint(maps.numpy() * 255.0), 0, 255).astype(np.uint8)
         encoded = {
             f"{layer},{head}": base64.b64encode(quantised[layer, head].tobytes()).decode("ascii")

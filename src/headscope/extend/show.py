@@ -118,7 +118,7 @@ def attention_view(
             rows = attn.shape[2]
             weights[:, q_start : q_start + rows, : attn.shape[3]] = attn[0, chosen].cpu()
 
-    capture.run(loaded, [batch], on_layer)
+    capture.run(loaded, [batch], capture.Pass(reads=[capture.Attention(on_layer)]))
     tokens = loaded.tokenizer.convert_ids_to_tokens(ids)
     labels = [token_label(text, o, t, s) for o, t, s in zip(offsets, tokens, special, strict=True)]
     view = AttentionView(layer, chosen, weights, labels, "token")

@@ -253,7 +253,7 @@ def _window_losses(
             sums[window] += float(kept[row].sum())
             counts[window] += float(target[row].sum())
 
-    capture.run(loaded, batches, None, on_token_loss=on_token_loss, edits=[ablation])
+    capture.run(loaded, batches, capture.Pass(reads=[capture.TokenLosses(on_token_loss)], edits=[ablation]))
     return sums, counts
 
 
