@@ -35,7 +35,9 @@ def test_cli_groups_read_the_load_options():
                 assert f.metadata["choices"] == fields[f.name].metadata["choices"]
                 assert f.default == spec_default(f.name)
     assert [f.name for f in dataclasses.fields(common.Load)] == ["device", "dtype", "device_map", "profile"]
-    assert common.load_options(common.Load(), common.Capture()) == LoadOptions(device="cpu", dtype="float32")
+    assert LoadOptions.from_groups(common.Load(), common.Capture()) == LoadOptions(
+        device="cpu", dtype="float32"
+    )
 
 
 @pytest.mark.parametrize(

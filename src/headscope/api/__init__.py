@@ -46,18 +46,53 @@ from headscope.extend.protocol import (
 from headscope.models import DEFAULT_MODEL, LoadedModel
 from headscope.models.options import LoadOptions
 from headscope.outputs.progress import progress_option
+from headscope.outputs.views import ShowOptions
+from headscope.sweeps.options import Recompute, Resources, Store
+
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 
+def declared(*groups: type, more: bool = False) -> Callable[[Callable], Callable]:
+    """A function that takes its options as ``**options`` shows the fields of ``groups`` (option
+    dataclasses: :class:`LoadOptions`, :class:`ShowOptions`, …) as its keyword parameters, with their
+    defaults, before its own; so each keyword is declared once, where its help and checks are.
+    ``more``: its ``**options`` takes other names too (an analysis' options)."""
+
+    def decorate(fn: Callable) -> Callable:
+        params = list(inspect.signature(fn).parameters.values())
+        before = [p for p in params if p.kind not in (KEYWORD, inspect.Parameter.VAR_KEYWORD)]
+        after = [p for p in params if p.kind is KEYWORD]
+        rest = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD and more]
+        taken = {p.name for p in before}  # a field the function takes by position (hs.sweep's out)
+        fields = [f for group in groups for f in dataclasses.fields(group) if f.name not in taken]
+        keywords = [
+            inspect.Parameter(f.name, KEYWORD, default=_default(f), annotation=f.type) for f in fields
+        ]
+        fn.__signature__ = inspect.Signature([*before, *keywords, *after, *rest])  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+
+
+def _take(options: dict[str, Any], group: type) -> dict[str, Any]:
+    """The values in ``options`` of ``group``'s fields, taken out of ``options``."""
+    return {f.name: options.pop(f.name) for f in dataclasses.fields(group) if f.name in options}
+
+
+def _no_more(function: str, options: dict[str, Any]) -> None:
+    if options:
+        raise TypeError(f"{function}() got an unexpected keyword argument {next(iter(options))!r}")
+
+
+@declared(LoadOptions)
 def load(
-    model: Any = DEFAULT_MODEL,
-    tokenizer: Any = None,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-    capture: str = "auto",
-    device_map: str | None = None,
-    revision: str | None = None,
-    name: str | None = None,
+    model: Any = DEFAULT_MODEL, tokenizer: Any = None, *, name: str | None = None, **options: Any
 ) -> LoadedModel:
     """A model ready for analyses.
 
@@ -67,14 +102,14 @@ def load(
     and as it is (``device``, ``dtype`` and ``device_map`` are for specs). ``capture`` is auto,
     stream or eager.
     """
-    options = LoadOptions(
-        device=device, dtype=dtype, capture=capture, device_map=device_map, revision=revision
-    )
+    loads = _take(options, LoadOptions)
+    _no_more("load", options)
+    chosen = LoadOptions(**loads)
     if isinstance(model, LoadedModel):
-        given = [n for n in options.given() if n != "capture"] + (
+        given = [n for n in chosen.given() if n != "capture"] + (
             ["tokenizer"] if tokenizer is not None else []
         )
-        if capture != "auto":
+        if chosen.capture != "auto":
             given.append("capture")
         if given:
             raise InputError(
@@ -90,8 +125,8 @@ def load(
             )
         from headscope.models import load as load_spec
 
-        return load_spec(os.fspath(model), **options.for_spec())
-    given = [n for n in options.given() if n != "capture"]
+        return load_spec(os.fspath(model), **chosen.for_spec())
+    given = [n for n in chosen.given() if n != "capture"]
     if given:
         raise InputError(
             f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model spec; a model object is "
@@ -100,7 +135,19 @@ def load(
         )
     from headscope.models.wrap import wrap
 
-    return wrap(model, tokenizer, capture=capture, name=name)  # type: ignore[arg-type]
+    return wrap(model, tokenizer, capture=chosen.capture, name=name)  # type: ignore[arg-type]
+
+
+def _load_timed(
+    model: Any, tokenizer: Any, loads: dict[str, Any], on_loaded: Callable[[LoadedModel], None] | None
+) -> tuple[LoadedModel, float]:
+    """hs.load, its seconds, and ``on_loaded(loaded)`` once it has loaded (hs.run's and hs.show's)."""
+    started = time.perf_counter()
+    loaded = load(model, tokenizer, **loads)
+    seconds = time.perf_counter() - started
+    if on_loaded is not None:
+        on_loaded(loaded)
+    return loaded, seconds
 
 
 def plan(analysis: str, **options: Any) -> tuple[Any, Any]:
@@ -117,16 +164,12 @@ def plan_options(analysis: str, options: Any) -> tuple[Any, Any]:
     return options, get(analysis).check(options)
 
 
+@declared(LoadOptions, more=True)
 def run(
     analysis: str,
     model: Any = DEFAULT_MODEL,
     tokenizer: Any = None,
     *,
-    device: str | None = None,
-    dtype: str | None = None,
-    capture: str = "auto",
-    device_map: str | None = None,
-    revision: str | None = None,
     progress: bool | ProgressFactory | None = None,
     profile: bool = False,
     planned: tuple[Any, Any] | None = None,
@@ -139,28 +182,17 @@ def run(
     the seconds spent loading, and per step of the run its seconds and its cost as a multiple of a
     bare forward over the tokens its passes ran (measured after the run, on one batch per length)."""
     chosen = get(analysis)
+    loads = _take(options, LoadOptions)
     if planned is not None and options:
         raise InputError(f"planned= already holds the options; drop {', '.join(sorted(options))}")
-    if not chosen.takes_capture and capture != "auto":
+    if not chosen.takes_capture and loads.get("capture", "auto") != "auto":
         raise InputError(
             f"{analysis} chooses its own capture (its per-head writes need streaming)", hint="drop capture="
         )
     values, prepared = planned if planned is not None else plan(analysis, **options)
     from headscope.capture import ledger
 
-    started = time.perf_counter()
-    loaded = load(
-        model,
-        tokenizer,
-        device=device,
-        dtype=dtype,
-        capture=capture,
-        device_map=device_map,
-        revision=revision,
-    )
-    load_seconds = time.perf_counter() - started
-    if on_loaded is not None:
-        on_loaded(loaded)
+    loaded, load_seconds = _load_timed(model, tokenizer, loads, on_loaded)
     with progress_option(progress) as advance, ledger.recording() if profile else nullcontext() as book:
         started = time.perf_counter()
         outcome = execute(chosen, loaded, values, prepared, advance)
@@ -282,22 +314,14 @@ def register(declaration: Any) -> Any:
     return declaration
 
 
+@declared(ShowOptions, LoadOptions)
 def show(
     model: Any = DEFAULT_MODEL,
     tokenizer: Any = None,
     *,
-    text: str,
-    layer: int = 0,
-    heads: int | list[int] | str = 0,
-    words: bool = False,
-    word_sep: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    capture: str = "auto",
-    device_map: str | None = None,
-    revision: str | None = None,
     profile: bool = False,
     on_loaded: Callable[[LoadedModel], None] | None = None,
+    **options: Any,
 ) -> AttentionMap:
     """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
     ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all".
@@ -306,27 +330,22 @@ def show(
     from headscope.capture import prepared as borrowed
     from headscope.extend.show import check_request, show_attention
 
+    # Checked by headscope.extend.show in its own words (check_request now, the layer once loaded).
+    shown = ShowOptions(**_take(options, ShowOptions))
+    loads = _take(options, LoadOptions)
+    _no_more("show", options)
+    heads = shown.heads
     head_text = ",".join(str(h) for h in heads) if isinstance(heads, list | tuple) else str(heads)
-    check_request(text, head_text, words, word_sep)
+    check_request(shown.text, head_text, shown.words, shown.word_sep)
     from headscope.capture import ledger
 
-    started = time.perf_counter()
-    loaded = load(
-        model,
-        tokenizer,
-        device=device,
-        dtype=dtype,
-        capture=capture,
-        device_map=device_map,
-        revision=revision,
-    )
-    load_seconds = time.perf_counter() - started
-    if on_loaded is not None:
-        on_loaded(loaded)
+    loaded, load_seconds = _load_timed(model, tokenizer, loads, on_loaded)
     with ledger.recording() if profile else nullcontext() as book:
         started = time.perf_counter()
         with borrowed(loaded):
-            view = show_attention(loaded, text, layer, head_text, words=words, word_sep=word_sep)
+            view = show_attention(
+                loaded, shown.text, shown.layer, head_text, words=shown.words, word_sep=shown.word_sep
+            )
         run_seconds = time.perf_counter() - started
     attention = AttentionMap(view, loaded.name)
     if book is not None:
@@ -384,18 +403,11 @@ def compare(a: Any, b: Any) -> Any:
     return found
 
 
+@declared(Store, Resources, Recompute, more=True)
 def sweep(
     specs: list[str] | str,
     out: str | Path,
     *,
-    analyses: str | list[str] = "induction",
-    executor: str = "local",
-    workers: int = 1,
-    ray_address: str | None = None,
-    cpus_per_run: float = 1.0,
-    gpus_per_run: float = 0.0,
-    retries: int = 2,
-    force: bool = False,
     on_result: Callable[[str, dict], None] | None = None,
     on_note: Callable[[str], None] | None = None,
     **options: Any,
@@ -411,20 +423,16 @@ def sweep(
     from headscope.extend.protocol import split_names
     from headscope.sweeps.run import sweep as run_sweep
 
+    analyses = options.pop("analyses", "induction")
+    own = _take(options, Resources) | _take(options, Recompute)
     return run_sweep(
         [specs] if isinstance(specs, str) else list(specs),
         Path(out),
         analyses=split_names(analyses) or [],
         options=options,
-        executor=executor,
-        workers=workers,
-        ray_address=ray_address,
-        cpus_per_run=cpus_per_run,
-        gpus_per_run=gpus_per_run,
-        retries=retries,
-        force=force,
         on_result=on_result,
         on_note=on_note,
+        **own,
     )
 
 

@@ -1,9 +1,11 @@
 """The command line: a thin user of the Python API (:mod:`headscope.api`).
 
-Options are declared once, as dataclass fields (:mod:`headscope.cli.params`): the analyses' own
-options live with the analyses (the API reads the same fields); the shared groups, errors and
-output handling are in :mod:`headscope.cli.common`; each analysis' command is derived from the
-registry (:mod:`headscope.cli.analyses`).
+Options are declared once, as dataclass fields (:mod:`headscope.cli.params`), where the API they
+feed lives: the analyses' with the analyses, ``show``'s in :mod:`headscope.outputs.views`, the
+sweep's in :mod:`headscope.sweeps.options`, the load options in :mod:`headscope.models.options`. The
+shared groups and errors are in :mod:`headscope.cli.common`, printing and writing in
+:mod:`headscope.outputs.terminal`; each analysis' command is derived from the registry
+(:mod:`headscope.cli.analyses`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Annotated
 import typer
 
 from headscope import __version__
+from headscope.outputs.terminal import BROKEN_PIPE_EXIT, is_devnull, out, quiet_broken_pipe
 
 from . import analyses, tools  # noqa: F401  (registers the commands: the analyses', then the others)
-from .common import BROKEN_PIPE_EXIT, app, out, quiet_broken_pipe
+from .common import app
 
 
 def _version(value: bool) -> None:
@@ -40,7 +43,7 @@ def main() -> None:
     if "--debug" not in sys.argv:
         # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
         os.environ.setdefault("TQDM_DISABLE", "1")
-    stdout_was_devnull = _is_devnull(1)
+    stdout_was_devnull = is_devnull(1)
     try:
         app()
     except BrokenPipeError:
@@ -49,16 +52,9 @@ def main() -> None:
     except SystemExit as exc:
         # typer's own output (--help, usage) goes through a Rich console that, on a broken pipe,
         # points stdout at devnull and exits 1; give it the broken-pipe status as well.
-        if exc.code == 1 and not stdout_was_devnull and _is_devnull(1):
+        if exc.code == 1 and not stdout_was_devnull and is_devnull(1):
             sys.exit(BROKEN_PIPE_EXIT)
         raise
-
-
-def _is_devnull(fd: int) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

@@ -16,25 +16,15 @@ from typing import Any
 
 from headscope.analyses import ANALYSES
 from headscope.core.registry import PluginWarning
-from headscope.errors import InputError
 from headscope.extend.protocol import Analysis, Output, option
 from headscope.models import DEFAULT_MODEL
-from headscope.outputs.writing import FOLDER_CHECKS, WRITERS, check_outputs
+from headscope.outputs.terminal import show_plugin_warnings
+from headscope.outputs.writing import WRITERS, check_declared, write_declared
 
-from .common import Capture, Csv, Emit, Load, ModelArg, Top, app, err, run_analysis, wrote
+from .common import Capture, Csv, Emit, Load, ModelArg, Top, app, note, run_analysis, wrote
 from .params import KEYWORD, command
 
-
-def _show_plugin_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-    """A plugin left out is one line on stderr (the host's commands go on)."""
-    if issubclass(category, PluginWarning):
-        err.print(f"warning: {message}", soft_wrap=True, markup=False, highlight=False)
-    else:
-        _previous(message, category, *args, **kwargs)
-
-
-_previous = warnings.showwarning
-warnings.showwarning = _show_plugin_warning
+show_plugin_warnings()
 
 
 def _outputs(analysis: Analysis, first: bool) -> type:
@@ -51,18 +41,6 @@ def _param(output: Output) -> str:
     return "out_" + output.flag.lstrip("-").replace("-", "_")
 
 
-def _check_outputs(chosen: list[tuple[Output, Path]], options: Any, force: bool) -> None:
-    """What the outputs need, before the options' own checks: a folder's own check, and ``needs``."""
-    for output, path in chosen:
-        if output.kind == "folder" and output.writer in FOLDER_CHECKS:
-            for note in FOLDER_CHECKS[output.writer](path, options, force):  # type: ignore[index]
-                err.print(f"note: {note}", soft_wrap=True)
-        if output.needs is not None and not getattr(options, output.needs):
-            check_outputs(force, (output.flag, path))
-            needs = "--" + output.needs.replace("_", "-")
-            raise InputError(output.refusal or f"{output.flag} needs {needs}", hint=output.hint)
-
-
 def _command_for(analysis: Analysis) -> None:
     name = analysis.name
 
@@ -70,7 +48,7 @@ def _command_for(analysis: Analysis) -> None:
         options, emit = given["options"], given["emit"]
         paths = dataclasses.asdict(given["first"]) | dataclasses.asdict(given["outputs"])
         chosen = [(o, paths[_param(o)]) for o in analysis.outputs if paths[_param(o)] is not None]
-        _check_outputs(chosen, options, emit.force)
+        check_declared(chosen, options, emit.force, note)
         result = run_analysis(
             name,
             given["model"],
@@ -82,9 +60,8 @@ def _command_for(analysis: Analysis) -> None:
             csv=given["csv"].csv,
             outputs=tuple((o.flag, path) for o, path in chosen if o.kind == "file"),
         )
-        for output, path in chosen:
-            writer = WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
-            wrote(writer(result, path, emit.force))
+        for what in write_declared(result, chosen, emit.force):
+            wrote(what)
 
     groups = {
         "options": analysis.options,

@@ -1,82 +1,41 @@
-"""Commands around the analyses: sweeps, saved reports, one text's attention, the layout, comparisons."""
+"""Commands around the analyses: sweeps, saved reports, one text's attention, the layout, comparisons.
+
+Their options are declared where the API they feed lives (``show``'s beside ``hs.show``'s views,
+the sweep's in :mod:`headscope.sweeps.options`); what is here is the command line's own."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
-import typing
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 import headscope.api as hs
 from headscope import files
-from headscope.analyses import get
 from headscope.errors import HeadscopeError
 from headscope.extend.protocol import flag_of, option
 from headscope.models import DEFAULT_MODEL
+from headscope.models.options import LoadOptions
 from headscope.outputs import listing, report, views
 from headscope.outputs import sweeps as summary
 from headscope.outputs.compare import JOINED_COLUMNS
+from headscope.outputs.views import ShowOptions, ShowWindow
 from headscope.outputs.writing import check_outputs, command_line, html_file, table_file
 from headscope.sweeps import run as sweeps
-from headscope.sweeps.executors import sweepable
+from headscope.sweeps.executors import swept_keys, swept_options
+from headscope.sweeps.options import Recompute, Resources, store_group
 from headscope.sweeps.specs import check_series
 
 from . import common
-from .common import Debug, Device, Emit, ModelArg, app, err, load_model, out, say, wrote
+from .common import Debug, Device, Emit, ModelArg, app, err, load_model, note, out, say, wrote
 from .params import command, given
 
 # --- many models, saved results ----------------------------------------------------------------------
 
-# The sweep's flags for the sweepable analyses' options, each as its analysis declares it (flag, type,
-# help, default, range); "ANALYSIS.NAME" for one analysis' option that another means differently.
-# Only the flags given are passed on: the analyses' defaults stay theirs. Any other option: --set.
-SWEPT = ("seq_len", "repeat_seq", "n_seqs", "weights.tokens", "weights.k", "resamples", "seed")
-
-
-def _swept() -> type:
-    fields = []
-    for key in SWEPT:
-        owner, _, name = key.rpartition(".")
-        analysis = get(owner or next(a for a in sweepable() if name in get(a).option_names()))
-        declared = next(f for f in dataclasses.fields(analysis.options) if f.name == name)
-        kind = typing.get_type_hints(analysis.options)[name]
-        help = f"{owner}: {declared.metadata['help']}" if owner else declared.metadata["help"]
-        meta = dict(declared.metadata, help=help)
-        fields.append((name, kind, dataclasses.field(default=declared.default, metadata=meta)))
-    return dataclasses.make_dataclass("Swept", fields, kw_only=True)
-
-
-Swept = _swept()
-_SWEEPABLE = ", ".join(["induction (default)", *(a for a in sweepable() if a != "induction")])
-
-
-@dataclass(kw_only=True)
-class Sweep:
-    out_dir: Path = option(MISSING, "The store: result files, manifest.json, sweep.csv.", flag="--out")
-    analysis: str = option("induction", f"Comma-separated: {_SWEEPABLE}.")
-
-
-def _resource(default: Any, help: str) -> Any:
-    """An option that hs.sweep checks itself (the range, in its words: sweeps.run.check_resources)."""
-    return dataclasses.field(default=default, metadata={"help": help, "checked_by_api": True})
-
-
-@dataclass(kw_only=True)
-class Resources:
-    """Where the runs go: hs.sweep's keywords of the same names."""
-
-    executor: str = option("local", "local worker processes, or Ray.", choices=("local", "ray"))
-    workers: int = _resource(1, "Local worker processes.")
-    ray_address: str | None = _resource(
-        None, "auto or ray://HOST:PORT (default: start a local Ray for this sweep)."
-    )
-    cpus_per_run: float = _resource(1.0, "Ray: CPUs per run.")
-    gpus_per_run: float = _resource(0.0, "Ray: GPUs per run.")
-    retries: int = _resource(2, "Retries of a run whose worker died.")
+Store = store_group()
+Swept = swept_options()
 
 
 @dataclass(kw_only=True)
@@ -94,7 +53,6 @@ class Settings:
         "icl.k=7). Repeat it for several.",
         flag="--set",
     )
-    force: bool = option(False, "Recompute every run, valid or not.")
 
 
 @command(app, "sweep")
@@ -108,23 +66,23 @@ def sweep_cmd(
         ),
     ],
     *,
-    sweep: Sweep,
+    store: Store,  # type: ignore[valid-type]
     resources: Resources,
     drawn: SweepOutput,
     swept: Swept,  # type: ignore[valid-type]
     settings: Settings,
+    again: Recompute,
     debug: Debug,
 ) -> None:
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
     # Every option is checked here or by hs.sweep, before the store is touched and the first run.
-    chosen = sweeps.check_analyses(sweep.analysis.split(","))
+    chosen = sweeps.check_analyses(store.analyses.split(","))
     if drawn.png is not None:
-        check_outputs(settings.force, ("--png", drawn.png))
+        check_outputs(again.force, ("--png", drawn.png))
         check_series(specs)  # known from the specs alone: refused before the first run
     fields = {f.name: f for f in dataclasses.fields(Swept)}
-    keys = {key.rpartition(".")[2]: key for key in SWEPT}
-    flags = {keys[n]: f"{flag_of(fields[n]).split('/')[0]} {v}" for n, v in given(ctx, swept).items()}
-    options = {keys[n]: v for n, v in given(ctx, swept).items()}
+    options = swept_keys(given(ctx, swept))
+    flags = swept_keys({n: f"{flag_of(fields[n]).split('/')[0]} {v}" for n, v in given(ctx, swept).items()})
     options |= sweeps.parse_settings(chosen, settings.settings or [], flags)
 
     def on_result(run_key: str, outcome: dict) -> None:
@@ -134,16 +92,16 @@ def sweep_cmd(
     try:
         result = hs.sweep(
             specs,
-            sweep.out_dir,
+            store.out,
             analyses=chosen,
-            force=settings.force,
             on_result=on_result,
             on_note=lambda text: say(f"note: {text}"),
             **dataclasses.asdict(resources),
+            **dataclasses.asdict(again),
             **options,
         )
     except KeyboardInterrupt as exc:
-        kept = f"the runs finished so far are kept in the store {sweep.out_dir}"
+        kept = f"the runs finished so far are kept in the store {store.out}"
         interrupted = isinstance(exc, sweeps.SweepInterrupted)
         say(str(exc) if interrupted else f"interrupted: {kept}; run the same sweep again to compute the rest")
         raise typer.Exit(130) from None
@@ -188,75 +146,42 @@ def report_cmd(
     if options.examples:
         try:
             spec = options.model or str(saved.to_dict().get("spec") or saved.model)
-            saved.attach(load_model(spec, common.load_options(where)))
+            saved.attach(load_model(spec, LoadOptions.from_groups(where)))
         except HeadscopeError as exc:
             notes.append(f"attention heatmaps left out: {exc}")
     document = saved.html(examples=options.examples, command=command_line(), notes=notes)
-    for note in notes:
-        err.print(f"note: {note}", soft_wrap=True)
+    for text in notes:
+        note(text)
     wrote(html_file(options.html, document, options.force))
 
 
 # --- looking at one model ----------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class Show:
-    layer: int = option(0, "Layer to show (0-based).", flag=("--layer", "-l"))
-    head: str = option("0", "A head (3), a list (0,2,5) or all; several heads give a grid.")
-    text: str = option(
-        "The cat sat on the mat. The cat sat on the mat because it was tired.", "The text to run."
-    )
-    words: bool = option(False, "Word-level attention (the syntax detector's alignment).")
-    word_sep: str | None = option(None, "With --words: a character that marks word boundaries in --text.")
-    png: Path | None = option(None, "Also draw the heatmap into this PNG.")
-    start: int = option(0, "First token of the window shown.", min=0)
-    max_tokens: int = option(40, "Tokens per axis in the terminal (and PNG).", min=2)
-
-
 @command(app)
 def show(
-    model: ModelArg = DEFAULT_MODEL, *, shown: Show, emit: Emit, load: common.Load, capture: common.Capture
+    model: ModelArg = DEFAULT_MODEL,
+    *,
+    shown: ShowOptions,
+    drawn: ShowWindow,
+    emit: Emit,
+    load: common.Load,
+    capture: common.Capture,
 ) -> None:
     """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
-    check_outputs(emit.force, ("-o", emit.output), ("--png", shown.png))
-    loads = dataclasses.asdict(common.load_options(load, capture))
+    check_outputs(emit.force, ("-o", emit.output), ("--png", drawn.png))
+    loads = dataclasses.asdict(LoadOptions.from_groups(load, capture))
     with common.loading(model) as on_loaded:  # hs.show checks the text and heads before it loads
-        attention = hs.show(
-            model,
-            text=shown.text,
-            layer=shown.layer,
-            heads=shown.head,
-            words=shown.words,
-            word_sep=shown.word_sep,
-            profile=load.profile,
-            on_loaded=on_loaded,
-            **loads,
-        )
-    started = time.perf_counter()
-    view, note = views.window(attention.view, shown.start, shown.max_tokens)
-    if note is not None:
-        err.print(note, soft_wrap=True)
-    common.write_output(
-        emit,
-        lambda console: views.print_view(view, console),
-        lambda: views.view_csv(view),
-        lambda: views.view_json(view, attention.model),
-    )
-    if shown.png is not None:
-        with files.atomic_path(shown.png, "--png", emit.force) as tmp:
-            for warning in views.save_png(view, tmp):
-                err.print(f"warning: {warning}", soft_wrap=True)
-        wrote(shown.png)
-    if attention.profile is not None:
-        common.print_profile(attention.profile, attention.profile.load_seconds, started)
+        shows = dataclasses.asdict(shown)
+        attention = hs.show(model, profile=load.profile, on_loaded=on_loaded, **shows, **loads)
+    views.print_attention(attention, emit, drawn)
 
 
 @command(app)
 def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: common.Where) -> None:
     """The model's attention layout: layers, query and KV heads, grouping, dimensions, context."""
     check_outputs(emit.force, ("-o", emit.output))
-    data = views.info_data(hs.load(model, **dataclasses.asdict(common.load_options(load))))
+    data = views.info_data(hs.load(model, **dataclasses.asdict(LoadOptions.from_groups(load))))
     common.write_output(emit, lambda c: views.print_info(data, c), lambda: views.info_csv(data), lambda: data)
 
 

@@ -61,6 +61,11 @@ class LoadOptions:
         """The options set to other than their defaults (a model object takes none of them)."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
 
+    @classmethod
+    def from_groups(cls, *groups: Any) -> LoadOptions:
+        """The load options among the fields of ``groups`` (option groups of :func:`load_group`)."""
+        return cls(**{n: getattr(g, n) for g in groups for n in cls.names() if hasattr(g, n)})
+
     def for_spec(self) -> dict[str, Any]:
         """Keyword arguments of :func:`headscope.models.load`: each unset option at its spec default."""
         return {
@@ -77,6 +82,17 @@ def spec_default(name: str) -> Any:
     return f.metadata.get("spec_default", f.default)
 
 
+def load_group(name: str, *names: str, extra: tuple[tuple[str, type, Any], ...] = ()) -> type:
+    """An option group (a dataclass) of the fields ``names`` of :class:`LoadOptions` (their help
+    texts, choices and checks), at the defaults a spec loads with (what a command shows: ``--device
+    cpu``), then the ``extra`` fields (name, type, field) a command adds."""
+    declared = {f.name: f for f in dataclasses.fields(LoadOptions)}
+    fields = [
+        (n, declared[n].type, field(default=spec_default(n), metadata=declared[n].metadata)) for n in names
+    ]
+    return dataclasses.make_dataclass(name, [*fields, *extra], kw_only=True)
+
+
 __all__ = [
     "CAPTURES",
     "DEVICES",
@@ -85,5 +101,6 @@ __all__ = [
     "DeviceName",
     "DtypeName",
     "LoadOptions",
+    "load_group",
     "spec_default",
 ]

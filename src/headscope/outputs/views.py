@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.text import Text
 
 from headscope.capture import STREAM_IMPLEMENTATION
 from headscope.errors import InputError
+from headscope.extend.protocol import option
 from headscope.extend.show import AttentionView
 from headscope.models import LoadedModel
 from headscope.models.layout import layer_attention
@@ -256,6 +258,60 @@ def window(view: AttentionView, start: int, max_tokens: int) -> tuple[AttentionV
         f"showing {view.unit}s {start}–{start + len(shown.labels) - 1} of {total}; "
         "move the window with --start, widen it with --max-tokens"
     )
+
+
+# The cat sentence: a pronoun whose antecedent is 13 tokens back, and a repeat (induction) to see.
+DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."
+
+
+@dataclass(kw_only=True)
+class ShowOptions:
+    """What ``hs.show`` shows (its keywords) and ``headscope show``'s flags of the same names."""
+
+    layer: int = option(0, "Layer to show (0-based).", flag=("--layer", "-l"))
+    heads: int | list[int] | str = option(
+        0, "A head (3), a list (0,2,5) or all; several heads give a grid.", flag="--head", cli_type=str
+    )
+    text: str = option(DEFAULT_TEXT, "The text to run.")
+    words: bool = option(False, "Word-level attention (the syntax detector's alignment).")
+    word_sep: str | None = option(None, "With --words: a character that marks word boundaries in --text.")
+
+
+@dataclass(kw_only=True)
+class ShowWindow:
+    """How ``headscope show`` draws the map ``hs.show`` returns."""
+
+    png: Path | None = option(None, "Also draw the heatmap into this PNG.")
+    start: int = option(0, "First token of the window shown.", min=0)
+    max_tokens: int = option(40, "Tokens per axis in the terminal (and PNG).", min=2)
+
+
+def print_attention(attention: Any, emit: Any, shown: ShowWindow) -> None:
+    """``headscope show``'s output of an ``AttentionMap``: the window's note, the map in ``--format``
+    to stdout or ``-o`` (:func:`headscope.outputs.terminal.write_output`), ``--png``, the cost ledger."""
+    import time
+
+    from headscope import files
+
+    from .terminal import err, print_profile, write_output, wrote
+
+    started = time.perf_counter()
+    view, note = window(attention.view, shown.start, shown.max_tokens)
+    if note is not None:
+        err.print(note, soft_wrap=True)
+    write_output(
+        emit,
+        lambda console: print_view(view, console),
+        lambda: view_csv(view),
+        lambda: view_json(view, attention.model),
+    )
+    if shown.png is not None:
+        with files.atomic_path(shown.png, "--png", emit.force) as tmp:
+            for warning in save_png(view, tmp):
+                err.print(f"warning: {warning}", soft_wrap=True)
+        wrote(shown.png)
+    if attention.profile is not None:
+        print_profile(attention.profile, attention.profile.load_seconds, started)
 
 
 def print_view(view: AttentionView, console: Console) -> None:

@@ -121,3 +121,26 @@ class _FolderChecks(Mapping[Any, Callable[[Path, Any, bool], list[str]]]):
 
 WRITERS: Mapping[str, Writer] = _Named()
 FOLDER_CHECKS: Mapping[Any, Callable[[Path, Any, bool], list[str]]] = _FolderChecks()
+
+
+def check_declared(
+    chosen: list[tuple[Any, Path]], options: Any, force: bool, on_note: Callable[[str], None]
+) -> None:
+    """What an analysis' chosen outputs (:class:`headscope.extend.protocol.Output`, path) need, before
+    the options' own checks and before the model loads: a folder's own check (its notes to
+    ``on_note``), and ``needs`` (the option it needs, set)."""
+    for output, path in chosen:
+        if output.kind == "folder" and output.writer in FOLDER_CHECKS:
+            for text in FOLDER_CHECKS[output.writer](path, options, force):
+                on_note(text)
+        if output.needs is not None and not getattr(options, output.needs):
+            check_outputs(force, (output.flag, path))
+            needs = "--" + output.needs.replace("_", "-")
+            raise InputError(output.refusal or f"{output.flag} needs {needs}", hint=output.hint)
+
+
+def write_declared(result: Any, chosen: list[tuple[Any, Path]], force: bool) -> Iterator[str | None]:
+    """Each chosen output written by its writer; yields what each wrote (see the writers)."""
+    for output, path in chosen:
+        writer = WRITERS[output.writer] if isinstance(output.writer, str) else output.writer
+        yield writer(result, path, force)

@@ -31,6 +31,39 @@ def sweepable() -> list[str]:
     return [name for name, analysis in ANALYSES.items() if analysis.sweepable]
 
 
+# The options of the sweepable analyses that a sweep gives a flag of its own (``headscope sweep
+# --seq-len``), each as its analysis declares it; "ANALYSIS.NAME" for one analysis' option that another
+# means differently. Any other option is passed by name (``--set NAME=VALUE``, ``hs.sweep(NAME=...)``).
+SWEPT = ("seq_len", "repeat_seq", "n_seqs", "weights.tokens", "weights.k", "resamples", "seed")
+
+
+def swept_options() -> type:
+    """:data:`SWEPT` as one option group: each field its analysis' (type, help, default, range;
+    the help says whose where a name is one analysis'), named by the option's own name."""
+    import dataclasses
+    import typing
+
+    from headscope.analyses import get
+
+    fields = []
+    for key in SWEPT:
+        owner, _, name = key.rpartition(".")
+        analysis = get(owner or next(a for a in sweepable() if name in get(a).option_names()))
+        declared = next(f for f in dataclasses.fields(analysis.options) if f.name == name)
+        kind = typing.get_type_hints(analysis.options)[name]
+        help = f"{owner}: {declared.metadata['help']}" if owner else declared.metadata["help"]
+        meta = dict(declared.metadata, help=help)
+        fields.append((name, kind, dataclasses.field(default=declared.default, metadata=meta)))
+    return dataclasses.make_dataclass("Swept", fields, kw_only=True)
+
+
+def swept_keys(given: dict[str, Any]) -> dict[str, Any]:
+    """The values of :func:`swept_options`' fields, by the key a sweep routes them with (``k`` ->
+    ``weights.k``)."""
+    keys = {key.rpartition(".")[2]: key for key in SWEPT}
+    return {keys[name]: value for name, value in given.items()}
+
+
 def run_task(task: Task) -> Outcome:
     """Load the task's model and run its analysis. Never raises for a bad model: says why."""
     started = time.perf_counter()

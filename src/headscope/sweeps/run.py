@@ -17,6 +17,7 @@ from headscope import files
 from headscope.errors import InputError
 
 from .executors import run_local, run_ray, sweepable
+from .options import Resources
 from .specs import Target, expand, fingerprint
 from .store import Store, locked
 
@@ -318,21 +319,18 @@ def sweep(
     *,
     analyses: Sequence[str] = ("induction",),
     options: dict[str, Any] | None = None,
-    executor: str = "local",
-    workers: int = 1,
-    ray_address: str | None = None,
-    cpus_per_run: float = 1.0,
-    gpus_per_run: float = 0.0,
-    retries: int = 2,
     force: bool = False,
     on_result: Callable[[str, dict[str, Any]], None] | None = None,
     on_note: Callable[[str], None] | None = None,
+    **resources: Any,
 ) -> SweepResult:
     """Run every (target, analysis) the store does not already hold; return the whole store's result.
 
-    Every option, the specs and the store (its folder, lock and manifest) are checked before the
-    first run starts. Notes (a stale lock taken over, unknown manifest keys, a run computed again
-    because its result file is missing or changed) go to ``on_note`` and ``SweepResult.notes``."""
+    ``resources`` are the fields of :class:`headscope.sweeps.options.Resources` (``executor``,
+    ``workers``, ``ray_address``, ``cpus_per_run``, ``gpus_per_run``, ``retries``). Every option, the
+    specs and the store (its folder, lock and manifest) are checked before the first run starts.
+    Notes (a stale lock taken over, unknown manifest keys, a run computed again because its result
+    file is missing or changed) go to ``on_note`` and ``SweepResult.notes``."""
     started = time.perf_counter()
     notes: list[str] = []
 
@@ -343,10 +341,16 @@ def sweep(
 
     chosen = check_analyses(analyses)
     planned = plan(chosen, options or {})
-    if executor not in {"local", "ray"}:
-        raise InputError(f"--executor must be local or ray, got {executor!r}")
-    check_resources(workers=workers, retries=retries, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run)
-    if executor == "ray":
+    where = Resources(**resources)
+    if where.executor not in {"local", "ray"}:
+        raise InputError(f"--executor must be local or ray, got {where.executor!r}")
+    check_resources(
+        workers=where.workers,
+        retries=where.retries,
+        cpus_per_run=where.cpus_per_run,
+        gpus_per_run=where.gpus_per_run,
+    )
+    if where.executor == "ray":
         try:
             import ray  # noqa: F401
         except ImportError:
@@ -404,10 +408,10 @@ def sweep(
                         "entry": entry,
                     }
                 )
-        if executor == "ray":
-            stream = run_ray(tasks, ray_address, cpus_per_run, gpus_per_run, retries)
+        if where.executor == "ray":
+            stream = run_ray(tasks, where.ray_address, where.cpus_per_run, where.gpus_per_run, where.retries)
         else:
-            stream = run_local(tasks, workers, retries)
+            stream = run_local(tasks, where.workers, where.retries)
         try:
             for task, outcome in stream:
                 entry = dict(task["entry"], seconds=round(float(outcome.get("seconds", 0.0)), 3))
