@@ -721,8 +721,8 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
     spec.check(loaded)
     attention = spec.read(Attention) or Attention()
     on_layer, on_layer_done = attention.on_layer, attention.on_layer_done
-    on_token_loss = spec.read(TokenLosses)
-    on_hidden = spec.read(FinalHidden)
+    losses = spec.read(TokenLosses)
+    final = spec.read(FinalHidden)
     writes = spec.read(HeadWrites)
     recorder = spec.read(HeadOutputMeans)
     blocks = spec.read(BlockRecorder)
@@ -793,10 +793,10 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
                             on_layer_done(layer, on_device)
             if writes is not None:
                 writes.finish()
-            if on_hidden is not None:
-                on_hidden.on_hidden(out.last_hidden_state, on_device)
-            if on_token_loss is not None:
-                on_token_loss.on_losses(
+            if final is not None:
+                final.on_hidden(out.last_hidden_state, on_device)
+            if losses is not None:
+                losses.on_losses(
                     next_token_losses(loaded, out.last_hidden_state, on_device.input_ids), on_device
                 )
             if on_batch_done is not None:
