@@ -373,3 +373,13 @@ def test_a_pass_reads_what_it_declares(toy):
     assert torch.allclose(got["losses"][0], alone[0], atol=1e-5, rtol=0)
     assert got["hidden"][0].shape[:2] == batch.input_ids.shape
     assert got["done"][0].shape[0] == batch.input_ids.shape[0]
+
+
+def test_on_layer_done_alone_is_called_for_every_layer_in_both_captures(toy, toy_eager):
+    """An Attention read with only on_layer_done reads no row, yet hears each layer end (eager
+    capture used to skip it when there was no on_layer)."""
+    for loaded in (toy, toy_eager):
+        done: list[int] = []
+        read = capture.Attention(on_layer_done=lambda layer, _b, done=done: done.append(layer))
+        capture.run(loaded, [_batch(loaded)], capture.Pass(reads=[read]))
+        assert done == capture.dla.attention_layers(loaded), loaded.capture_mode
