@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
-import sys
 import time
-import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
-from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
 from headscope.extend.protocol import ENTRY, option
 from headscope.models.options import LoadOptions, load_group
-from headscope.outputs.progress import INTERRUPTED
 from headscope.outputs.terminal import (  # noqa: F401  (the commands' printing, re-exported)
     BROKEN_PIPE_EXIT,
     PLAIN,
@@ -30,11 +23,12 @@ from headscope.outputs.terminal import (  # noqa: F401  (the commands' printing,
     loading,
     note,
     out,
+    print_compared,
     print_result,
     quiet_broken_pipe,
+    reported,
     run_progress,
     say,
-    setup_logging,
     write_output,
     wrote,
 )
@@ -83,48 +77,10 @@ class Debug:
 # --- plumbing ----------------------------------------------------------------------------------------
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
-    INTERRUPTED.append(signum)  # checked between batches (see outputs.progress.CheckedBars)
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def handle_errors(debug: bool) -> Iterator[None]:
-    """Known errors become one line on stderr and exit 2 (input) or 1 (failure); Ctrl-C exits 130."""
-    setup_logging(debug)
-    previous = None
-    with contextlib.suppress(ValueError):  # not in the main thread (a test runner): keep Python's own
-        previous = signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        yield
-    except NotApplicable as exc:  # nothing to score on this model: said plainly, not an error
-        out.print(escape(str(exc)), soft_wrap=True)
-    except HeadscopeError as exc:
-        if debug:
-            traceback.print_exc(file=sys.stderr)
-        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: no partial output file was left behind")
-        raise typer.Exit(130) from None
-    except (typer.Exit, typer.Abort):
-        raise
-    except BrokenPipeError:  # the reader of stdout went away (| head -1): end quietly
-        quiet_broken_pipe()
-        raise typer.Exit(BROKEN_PIPE_EXIT) from None
-    except Exception as exc:  # an unexpected failure: one line, the traceback only with --debug
-        if debug:
-            traceback.print_exc(file=sys.stderr)
-        err.print(
-            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(elide(str(exc), MAX_MESSAGE))} (rerun with --debug for the traceback)",
-            markup=True,
-            soft_wrap=True,
-        )
-        raise typer.Exit(1) from None
-    finally:
-        INTERRUPTED.clear()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+def handle_errors(debug: bool) -> contextlib.AbstractContextManager[None]:
+    """A command's errors as one line and an exit status (:func:`headscope.outputs.terminal.reported`);
+    typer's own exits go through."""
+    return reported(debug, passing=(typer.Exit, typer.Abort))
 
 
 def load_model(model: str, options: LoadOptions) -> Any:

@@ -13,46 +13,28 @@ from typing import Annotated
 import typer
 
 import headscope.api as hs
-from headscope import files
 from headscope.errors import HeadscopeError
-from headscope.extend.protocol import flag_of, option
+from headscope.extend.protocol import option
 from headscope.models import DEFAULT_MODEL
 from headscope.models.options import LoadOptions
-from headscope.outputs import listing, report, views
+from headscope.outputs import listing, views
 from headscope.outputs import sweeps as summary
-from headscope.outputs.compare import JOINED_COLUMNS
+from headscope.outputs.sweeps import SweepPlot
 from headscope.outputs.views import ShowOptions, ShowWindow
-from headscope.outputs.writing import check_outputs, command_line, html_file, table_file
+from headscope.outputs.writing import check_outputs, command_line, html_file
 from headscope.sweeps import run as sweeps
-from headscope.sweeps.executors import swept_keys, swept_options
-from headscope.sweeps.options import Recompute, Resources, store_group
+from headscope.sweeps.executors import swept_given, swept_options
+from headscope.sweeps.options import Recompute, Resources, Settings, store_group
 from headscope.sweeps.specs import check_series
 
 from . import common
-from .common import Debug, Device, Emit, ModelArg, app, err, load_model, note, out, say, wrote
+from .common import Debug, Device, Emit, ModelArg, app, load_model, note, out, say, wrote
 from .params import command, given
 
 # --- many models, saved results ----------------------------------------------------------------------
 
 Store = store_group()
 Swept = swept_options()
-
-
-@dataclass(kw_only=True)
-class SweepOutput:
-    png: Path | None = option(None, "Draw score trajectories (and the copy loss) against step.")
-    top: int = option(3, "Heads per role in the PNG.", min=1)
-
-
-@dataclass(kw_only=True)
-class Settings:
-    settings: list[str] | None = option(
-        None,
-        "Any other option of the chosen analyses, NAME=VALUE by its Python name (icl: --set early=5 "
-        "--set text=held.txt; ANALYSIS.NAME where two analyses mean different things by NAME: --set "
-        "icl.k=7). Repeat it for several.",
-        flag="--set",
-    )
 
 
 @command(app, "sweep")
@@ -68,7 +50,7 @@ def sweep_cmd(
     *,
     store: Store,  # type: ignore[valid-type]
     resources: Resources,
-    drawn: SweepOutput,
+    drawn: SweepPlot,
     swept: Swept,  # type: ignore[valid-type]
     settings: Settings,
     again: Recompute,
@@ -80,38 +62,26 @@ def sweep_cmd(
     if drawn.png is not None:
         check_outputs(again.force, ("--png", drawn.png))
         check_series(specs)  # known from the specs alone: refused before the first run
-    fields = {f.name: f for f in dataclasses.fields(Swept)}
-    options = swept_keys(given(ctx, swept))
-    flags = swept_keys({n: f"{flag_of(fields[n]).split('/')[0]} {v}" for n, v in given(ctx, swept).items()})
+    options, flags = swept_given(Swept, given(ctx, swept))
     options |= sweeps.parse_settings(chosen, settings.settings or [], flags)
-
-    def on_result(run_key: str, outcome: dict) -> None:
-        status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
-        err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
-
     try:
         result = hs.sweep(
             specs,
             store.out,
             analyses=chosen,
-            on_result=on_result,
+            on_result=summary.print_run,
             on_note=lambda text: say(f"note: {text}"),
             **dataclasses.asdict(resources),
             **dataclasses.asdict(again),
             **options,
         )
     except KeyboardInterrupt as exc:
-        kept = f"the runs finished so far are kept in the store {store.out}"
-        interrupted = isinstance(exc, sweeps.SweepInterrupted)
-        say(str(exc) if interrupted else f"interrupted: {kept}; run the same sweep again to compute the rest")
+        summary.print_interrupted(exc, store.out)
         raise typer.Exit(130) from None
     # A closed stdout (`| head -1`) while this prints ends quietly with 141: handle_errors and
     # the `out` console see to it for every command (the store is complete by then).
     summary.print_sweep(result, len(chosen), out)
-    if drawn.png is not None and result.table is not None:
-        with files.atomic_path(drawn.png, "--png", True) as tmp:
-            views.save_sweep_png(result.table, result.losses, tmp, top=drawn.top)
-        wrote(drawn.png)
+    summary.save_plot(result, drawn)
     if result.failed:
         raise typer.Exit(1)
 
@@ -201,15 +171,7 @@ def compare_cmd(
     """Compare two scans (CSV or JSON): best heads, score changes of shared heads, roles gained and lost,
     and, where both describe their heads, the heads whose description changed."""
     check_outputs(emit.force, ("-o", emit.output), ("--csv", csv))
-    result = hs.compare(a, b)
-    common.write_output(
-        emit,
-        lambda console: report.print_comparison(result, console),
-        lambda: report.table_csv(result.joined, JOINED_COLUMNS),
-        lambda: report.comparison_json(result),
-    )
-    if csv is not None:
-        wrote(table_file(csv, result.joined, emit.force, JOINED_COLUMNS))
+    common.print_compared(hs.compare(a, b), emit, csv)
 
 
 @app.command("models")

@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from headscope.extend.protocol import option
+
 from .report import dataframe_table
+from .terminal import err, say, wrote
+
+
+@dataclass(kw_only=True)
+class SweepPlot:
+    png: Path | None = option(None, "Draw score trajectories (and the copy loss) against step.")
+    top: int = option(3, "Heads per role in the PNG.", min=1)
+
+
+def save_plot(result: Any, plot: SweepPlot) -> None:
+    """``--png``: the score trajectories of the whole store (nothing to draw: no file)."""
+    from headscope import files
+
+    from .views import save_sweep_png
+
+    if plot.png is not None and result.table is not None:
+        with files.atomic_path(plot.png, "--png", True) as tmp:
+            save_sweep_png(result.table, result.losses, tmp, top=plot.top)
+        wrote(plot.png)
+
+
+def print_run(run_key: str, outcome: dict) -> None:
+    """One run finished (``hs.sweep``'s ``on_result``): a line on stderr."""
+    status = "done" if outcome["ok"] else f"failed: {outcome['error']}"
+    err.print(f"{run_key}: {status} ({outcome.get('seconds', 0):.1f} s)", soft_wrap=True)
+
+
+def print_interrupted(exc: KeyboardInterrupt, store: Path) -> None:
+    """Ctrl-C during a sweep: what the store keeps (a ``SweepInterrupted`` says how many runs)."""
+    from headscope.sweeps.run import SweepInterrupted
+
+    kept = f"the runs finished so far are kept in the store {store}"
+    interrupted = isinstance(exc, SweepInterrupted)
+    say(str(exc) if interrupted else f"interrupted: {kept}; run the same sweep again to compute the rest")
 
 
 def print_sweep(result: Any, n_analyses: int, console: Console) -> None:

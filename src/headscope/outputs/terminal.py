@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +21,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from headscope import files
+from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
 from headscope.extend.protocol import option
 
-from .progress import PROFILE_NOTE, CheckedBars, PrintedParts, checked_bars, profile_line
+from .progress import INTERRUPTED, PROFILE_NOTE, CheckedBars, PrintedParts, checked_bars, profile_line
 from .writing import render, table_file
 
 # The reader of our stdout went away (``headscope … | head -1``): every command ends quietly, with
@@ -89,6 +93,53 @@ def setup_logging(debug: bool) -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    INTERRUPTED.append(signum)  # checked between batches (see outputs.progress.CheckedBars)
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def reported(debug: bool, passing: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """A command's errors as the command line says them: known errors become one line on stderr and
+    exit 2 (input) or 1 (failure), Ctrl-C exits 130, a closed stdout 141 (``SystemExit``); the
+    traceback only with ``debug``. ``passing``: exceptions that go through as they are (the parser's
+    own exits)."""
+    setup_logging(debug)
+    previous = None
+    with contextlib.suppress(ValueError):  # not in the main thread (a test runner): keep Python's own
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    except NotApplicable as exc:  # nothing to score on this model: said plainly, not an error
+        out.print(escape(str(exc)), soft_wrap=True)
+    except HeadscopeError as exc:
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: no partial output file was left behind")
+        raise SystemExit(130) from None
+    except passing:
+        raise
+    except BrokenPipeError:  # the reader of stdout went away (| head -1): end quietly
+        quiet_broken_pipe()
+        raise SystemExit(BROKEN_PIPE_EXIT) from None
+    except Exception as exc:  # an unexpected failure: one line, the traceback only with --debug
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        err.print(
+            f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(elide(str(exc), MAX_MESSAGE))} (rerun with --debug for the traceback)",
+            markup=True,
+            soft_wrap=True,
+        )
+        raise SystemExit(1) from None
+    finally:
+        INTERRUPTED.clear()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -183,6 +234,22 @@ def print_result(
         note(text)
     if csv is not None:
         wrote(table_file(csv, result.table, emit.force))
+
+
+def print_compared(comparison: Any, emit: Emit, csv: Path | None = None) -> None:
+    """``headscope compare``'s output of ``hs.compare``: ``--format`` to stdout or ``-o``, ``--csv``
+    the joined per-head table."""
+    from . import report
+    from .compare import JOINED_COLUMNS
+
+    write_output(
+        emit,
+        lambda console: report.print_comparison(comparison, console),
+        lambda: report.table_csv(comparison.joined, JOINED_COLUMNS),
+        lambda: report.comparison_json(comparison),
+    )
+    if csv is not None:
+        wrote(table_file(csv, comparison.joined, emit.force, JOINED_COLUMNS))
 
 
 @contextlib.contextmanager

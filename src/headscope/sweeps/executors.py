@@ -57,11 +57,18 @@ def swept_options() -> type:
     return dataclasses.make_dataclass("Swept", fields, kw_only=True)
 
 
-def swept_keys(given: dict[str, Any]) -> dict[str, Any]:
-    """The values of :func:`swept_options`' fields, by the key a sweep routes them with (``k`` ->
-    ``weights.k``)."""
+def swept_given(group: type, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values ``given`` to fields of :func:`swept_options`' ``group``, by the key a sweep routes
+    them with (``k`` -> ``weights.k``), and each as the command line said it (``--batch 300``)."""
+    import dataclasses
+
+    from headscope.extend.protocol import flag_of
+
     keys = {key.rpartition(".")[2]: key for key in SWEPT}
-    return {keys[name]: value for name, value in given.items()}
+    flags = {f.name: flag_of(f).split("/")[0] for f in dataclasses.fields(group)}
+    values = {keys[name]: value for name, value in given.items()}
+    said = {keys[name]: f"{flags[name]} {value}" for name, value in given.items()}
+    return values, said
 
 
 def run_task(task: Task) -> Outcome:

@@ -50,6 +50,19 @@ class Recompute:
     force: bool = option(False, "Recompute every run, valid or not.")
 
 
+@dataclass(kw_only=True)
+class Settings:
+    """Any option of the chosen analyses, as text (:func:`headscope.sweeps.run.parse_settings`)."""
+
+    settings: list[str] | None = option(
+        None,
+        "Any other option of the chosen analyses, NAME=VALUE by its Python name (icl: --set early=5 "
+        "--set text=held.txt; ANALYSIS.NAME where two analyses mean different things by NAME: --set "
+        "icl.k=7). Repeat it for several.",
+        flag="--set",
+    )
+
+
 def store_group() -> type:
     """:class:`Store` with ``--analysis``'s help listing the analyses a sweep can run now (the
     registry read here, plugins included: not while headscope is being imported)."""
