@@ -9,12 +9,9 @@ from typing import Any
 
 from headscope.analyses.describe.templates import Template as Template
 from headscope.api import compare as compare
-from headscope.api import load as load
 from headscope.api import plan as plan
 from headscope.api import register as register
-from headscope.api import run as run
-from headscope.api import show as show
-from headscope.api import sweep as sweep
+from headscope.api.result import AttentionMap
 from headscope.api.result import Result as Result
 from headscope.core.rolespec import RoleSpec as RoleSpec
 from headscope.detectors import Detector as Detector
@@ -22,14 +19,87 @@ from headscope.detectors import PatternDetector as PatternDetector
 from headscope.detectors import TargetDetector as TargetDetector
 from headscope.errors import HeadscopeError as HeadscopeError
 from headscope.errors import InputError as InputError
+from headscope.extend.base import ProgressFactory
 from headscope.extend.checks import Check as Check
 from headscope.extend.protocol import Analysis as Analysis
 from headscope.extend.protocol import Outcome as Outcome
 from headscope.extend.protocol import Output as Output
 from headscope.extend.protocol import Stats as Stats
 from headscope.extend.protocol import option as option
+from headscope.models import LoadedModel
 
 __version__: str
+
+def load(
+    model: Any = "smollm2-135m",
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    name: str | None = None,
+) -> LoadedModel:
+    """A model ready for analyses."""
+
+def run(
+    analysis: str,
+    model: Any = "smollm2-135m",
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    progress: bool | ProgressFactory | None = None,
+    profile: bool = False,
+    planned: tuple[Any, Any] | None = None,
+    on_loaded: Callable[[LoadedModel], None] | None = None,
+    **options: Any,
+) -> Result:
+    """Run one analysis by name (``"scan"``, ``"induction"``, …); see ``hs.scan`` and friends."""
+
+def show(
+    model: Any = "smollm2-135m",
+    tokenizer: Any = None,
+    *,
+    layer: int = 0,
+    heads: int | list[int] | str = 0,
+    text: str = "The cat sat on the mat. The cat sat on the mat because it was tired.",
+    words: bool = False,
+    word_sep: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    profile: bool = False,
+    on_loaded: Callable[[LoadedModel], None] | None = None,
+) -> AttentionMap:
+    """Heads' attention on one text (``headscope show``): an :class:`AttentionMap` with ``weights``
+    ``[heads, n, n]``, ``labels``, ``table`` and an inline heatmap. ``heads``: a number, a list, or "all".
+    The text and heads are checked before the model loads; ``on_loaded(loaded)`` is called once it
+    has. ``profile=True``: its ``profile`` is the cost ledger, as with :func:`run`."""
+
+def sweep(
+    specs: list[str] | str,
+    out: str | Path,
+    *,
+    analyses: str | list[str] = "induction",
+    executor: str = "local",
+    workers: int = 1,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    retries: int = 2,
+    force: bool = False,
+    on_result: Callable[[str, dict], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Any:
+    """Run analyses over many models or checkpoints into a resumable store (``headscope sweep``)."""
 
 def scan(
     model: Any = ...,

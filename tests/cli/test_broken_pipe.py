@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headscope.cli.common import BROKEN_PIPE_EXIT
+from headscope.outputs.terminal import BROKEN_PIPE_EXIT
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "tests" / "toy" / "model"

@@ -320,7 +320,7 @@ class _Done:
 
 @pytest.mark.parametrize("how", ["BrokenPipeError", "rich"])
 def test_a_closed_stdout_ends_quietly_with_the_sigpipe_status(tmp_path, monkeypatch, how):
-    from headscope.cli.common import out
+    from headscope.outputs.terminal import out
 
     monkeypatch.setattr(out, "quiet", False)  # restored after: on_broken_pipe silences the console
 

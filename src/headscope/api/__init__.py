@@ -68,7 +68,9 @@ def declared(*groups: type, more: bool = False) -> Callable[[Callable], Callable
         keywords = [
             inspect.Parameter(f.name, KEYWORD, default=_default(f), annotation=f.type) for f in fields
         ]
-        fn.__signature__ = inspect.Signature([*before, *keywords, *after, *rest])  # type: ignore[attr-defined]
+        returns = inspect.signature(fn).return_annotation
+        signature = inspect.Signature([*before, *keywords, *after, *rest], return_annotation=returns)
+        fn.__signature__ = signature  # type: ignore[attr-defined]
         return fn
 
     return decorate

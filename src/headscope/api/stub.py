@@ -9,10 +9,12 @@ it checks the CLI reference.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import textwrap
 from typing import Any
 
+import headscope.api as api
 from headscope.analyses import ANALYSES
 
 from . import LOAD_PARAMETERS, python_name
@@ -28,12 +30,9 @@ from typing import Any
 
 from headscope.analyses.describe.templates import Template as Template
 from headscope.api import compare as compare
-from headscope.api import load as load
 from headscope.api import plan as plan
 from headscope.api import register as register
-from headscope.api import run as run
-from headscope.api import show as show
-from headscope.api import sweep as sweep
+from headscope.api.result import AttentionMap
 from headscope.api.result import Result as Result
 from headscope.core.rolespec import RoleSpec as RoleSpec
 from headscope.detectors import Detector as Detector
@@ -41,20 +40,23 @@ from headscope.detectors import PatternDetector as PatternDetector
 from headscope.detectors import TargetDetector as TargetDetector
 from headscope.errors import HeadscopeError as HeadscopeError
 from headscope.errors import InputError as InputError
+from headscope.extend.base import ProgressFactory
 from headscope.extend.checks import Check as Check
 from headscope.extend.protocol import Analysis as Analysis
 from headscope.extend.protocol import Outcome as Outcome
 from headscope.extend.protocol import Output as Output
 from headscope.extend.protocol import Stats as Stats
 from headscope.extend.protocol import option as option
+from headscope.models import LoadedModel
 
 __version__: str
 '''
 
 
 def api_stub() -> str:
-    """The stub: the shared names, then one typed function per built-in analysis."""
-    parts = [HEADER]
+    """The stub: the shared names, the functions whose keywords are declared as option groups
+    (``load``, ``run``, ``show``, ``sweep``), then one typed function per built-in analysis."""
+    parts = [HEADER, *(_declared(function) for function in (api.load, api.run, api.show, api.sweep))]
     names = ["HeadscopeError", "InputError", "Result", "__version__"]
     names += ["Analysis", "Check", "Detector", "Outcome", "Output", "PatternDetector", "RoleSpec", "Stats"]
     names += ["TargetDetector", "Template"]
@@ -77,6 +79,27 @@ def api_stub() -> str:
     listed = "\n".join(f'    "{n}",' for n in sorted(names))
     parts.append(f"\n__all__ = [\n{listed}\n]\n")
     return "".join(parts)
+
+
+def _declared(function: Any) -> str:
+    """A function of :mod:`headscope.api` whose signature is derived (:func:`headscope.api.declared`),
+    spelled out as its signature reads."""
+    params = []
+    keyword_only = False
+    for p in inspect.signature(function).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            params.append("*")
+            keyword_only = True
+        if p.kind is p.VAR_KEYWORD:
+            params.append(f"**{p.name}: {p.annotation}")
+            continue
+        default = "" if p.default is p.empty else f" = {_literal(p.default)}"
+        params.append(f"{p.name}: {p.annotation}{default}")
+    returns = inspect.signature(function).return_annotation
+    summary = (inspect.getdoc(function) or "").split("\n\n")[0]
+    doc = textwrap.indent(f'"""{summary}"""', "    ")
+    signature = ",\n".join(f"    {p}" for p in params)
+    return f"\ndef {function.__name__}(\n{signature},\n) -> {returns}:\n{doc}\n"
 
 
 def _literal(value: Any) -> str:

@@ -10,14 +10,12 @@ shared groups and errors are in :mod:`headscope.cli.common`, printing and writin
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Annotated
 
 import typer
 
 from headscope import __version__
-from headscope.outputs.terminal import BROKEN_PIPE_EXIT, is_devnull, out, quiet_broken_pipe
+from headscope.outputs.terminal import out, run_program
 
 from . import analyses, tools  # noqa: F401  (registers the commands: the analyses', then the others)
 from .common import app
@@ -39,22 +37,7 @@ def _root(
 
 
 def main() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if "--debug" not in sys.argv:
-        # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
-        os.environ.setdefault("TQDM_DISABLE", "1")
-    stdout_was_devnull = is_devnull(1)
-    try:
-        app()
-    except BrokenPipeError:
-        quiet_broken_pipe()
-        sys.exit(BROKEN_PIPE_EXIT)
-    except SystemExit as exc:
-        # typer's own output (--help, usage) goes through a Rich console that, on a broken pipe,
-        # points stdout at devnull and exits 1; give it the broken-pipe status as well.
-        if exc.code == 1 and not stdout_was_devnull and is_devnull(1):
-            sys.exit(BROKEN_PIPE_EXIT)
-        raise
+    run_program(app)
 
 
 if __name__ == "__main__":

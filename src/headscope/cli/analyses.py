@@ -8,37 +8,27 @@ groups it takes (``--top``, ``--capture``), its declared outputs (:class:`Output
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import warnings
-from pathlib import Path
 from typing import Any
 
 from headscope.analyses import ANALYSES
 from headscope.core.registry import PluginWarning
-from headscope.extend.protocol import Analysis, Output, option
+from headscope.extend.protocol import Analysis
 from headscope.models import DEFAULT_MODEL
-from headscope.outputs.terminal import show_plugin_warnings
-from headscope.outputs.writing import WRITERS, check_declared, write_declared
+from headscope.outputs.terminal import Csv, Emit, Top, note, show_plugin_warnings, wrote
+from headscope.outputs.writing import (
+    check_declared,
+    chosen_outputs,
+    output_group,
+    unknown_writers,
+    write_declared,
+)
 
-from .common import Capture, Csv, Emit, Load, ModelArg, Top, app, note, run_analysis, wrote
+from .common import Capture, Load, ModelArg, app, run_analysis
 from .params import KEYWORD, command
 
 show_plugin_warnings()
-
-
-def _outputs(analysis: Analysis, first: bool) -> type:
-    """The analysis' declared outputs as an option group: ``--html PATH`` and the like."""
-    fields = [
-        (_param(o), Path | None, option(None, o.help, flag=o.flag))
-        for o in analysis.outputs
-        if o.first == first
-    ]
-    return dataclasses.make_dataclass("Outputs", fields, kw_only=True)
-
-
-def _param(output: Output) -> str:
-    return "out_" + output.flag.lstrip("-").replace("-", "_")
 
 
 def _command_for(analysis: Analysis) -> None:
@@ -46,8 +36,7 @@ def _command_for(analysis: Analysis) -> None:
 
     def analysis_command(**given: Any) -> None:
         options, emit = given["options"], given["emit"]
-        paths = dataclasses.asdict(given["first"]) | dataclasses.asdict(given["outputs"])
-        chosen = [(o, paths[_param(o)]) for o in analysis.outputs if paths[_param(o)] is not None]
+        chosen = chosen_outputs(analysis, given["first"], given["outputs"])
         check_declared(chosen, options, emit.force, note)
         result = run_analysis(
             name,
@@ -65,10 +54,10 @@ def _command_for(analysis: Analysis) -> None:
 
     groups = {
         "options": analysis.options,
-        "first": _outputs(analysis, first=True),
+        "first": output_group(analysis, first=True),
         "top": Top if analysis.takes_top else None,
         "csv": Csv,
-        "outputs": _outputs(analysis, first=False),
+        "outputs": output_group(analysis, first=False),
         "emit": Emit,
         "load": Load,
         "capture": Capture if analysis.takes_capture else None,
@@ -99,7 +88,7 @@ def add_analysis_commands() -> None:
     for name, analysis in ANALYSES.items():
         if not analysis.cli or name in taken or name.replace("-", "_") in taken:
             continue
-        unknown = [o.flag for o in analysis.outputs if isinstance(o.writer, str) and o.writer not in WRITERS]
+        unknown = unknown_writers(analysis)
         if unknown:
             warnings.warn(
                 f"analysis {name!r}: {', '.join(unknown)} names no known writer; left out",

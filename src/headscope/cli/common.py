@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,23 +14,7 @@ import typer
 
 from headscope.extend.protocol import ENTRY, option
 from headscope.models.options import LoadOptions, load_group
-from headscope.outputs.terminal import (  # noqa: F401  (the commands' printing, re-exported)
-    BROKEN_PIPE_EXIT,
-    PLAIN,
-    Emit,
-    err,
-    loading,
-    note,
-    out,
-    print_compared,
-    print_result,
-    quiet_broken_pipe,
-    reported,
-    run_progress,
-    say,
-    write_output,
-    wrote,
-)
+from headscope.outputs.terminal import Emit, loading, print_result, reported, run_progress
 from headscope.outputs.writing import check_outputs
 
 app = typer.Typer(
@@ -57,21 +40,6 @@ Where = load_group("Where", "device", "dtype")
 _PROFILE = option(False, "Print on stderr where the time went: loading, each step, the output.")
 Load = load_group("Load", "device", "dtype", "device_map", extra=(("profile", bool, _PROFILE),))
 Capture = load_group("Capture", "capture")
-
-
-@dataclass(kw_only=True)
-class Top:
-    top: int = option(10, "Heads to show per table.", min=1)
-
-
-@dataclass(kw_only=True)
-class Csv:
-    csv: Path | None = option(None, "Write every head of every detector to this CSV (atomic).")
-
-
-@dataclass(kw_only=True)
-class Debug:
-    debug: bool = option(False, "Show tracebacks and debug logs.")
 
 
 # --- plumbing ----------------------------------------------------------------------------------------

@@ -6,29 +6,28 @@ the sweep's in :mod:`headscope.sweeps.options`); what is here is the command lin
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 import headscope.api as hs
-from headscope.errors import HeadscopeError
-from headscope.extend.protocol import option
 from headscope.models import DEFAULT_MODEL
 from headscope.models.options import LoadOptions
 from headscope.outputs import listing, views
 from headscope.outputs import sweeps as summary
+from headscope.outputs.reporting import ReportOptions, write_report
 from headscope.outputs.sweeps import SweepPlot
+from headscope.outputs.terminal import Debug, Emit, loading, out, print_compared, say, write_output
 from headscope.outputs.views import ShowOptions, ShowWindow
-from headscope.outputs.writing import check_outputs, command_line, html_file
+from headscope.outputs.writing import check_outputs
 from headscope.sweeps import run as sweeps
 from headscope.sweeps.executors import swept_given, swept_options
 from headscope.sweeps.options import Recompute, Resources, Settings, store_group
 from headscope.sweeps.specs import check_series
 
 from . import common
-from .common import Debug, Device, Emit, ModelArg, app, load_model, note, out, say, wrote
+from .common import Device, ModelArg, app, load_model
 from .params import command, given
 
 # --- many models, saved results ----------------------------------------------------------------------
@@ -86,43 +85,20 @@ def sweep_cmd(
         raise typer.Exit(1)
 
 
-@dataclass(kw_only=True)
-class Report:
-    html: Path = option(MISSING, "Where the self-contained HTML report goes.")
-    model: str | None = option(None, "Model for the attention heatmaps (default: the one the result names).")
-    examples: bool = option(
-        True, "Compute the attention heatmaps (loads the model).", flag="--examples/--no-examples"
-    )
-    run: str | None = option(
-        None, "Sweep store: the run's key or model label (default: the last finished run)."
-    )
-    force: bool = option(False, "Overwrite output files that already exist.")
-
-
 @command(app, "report")
 def report_cmd(
     result_file: Annotated[
         Path, typer.Argument(help="A saved result (scan --format json output) or a headscope sweep store.")
     ],
     *,
-    options: Report,
+    options: ReportOptions,
     where: Device,
     debug: Debug,
 ) -> None:
     """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
     check_outputs(options.force, ("--html", options.html))
     saved = hs.Result.from_json(result_file, run=options.run)
-    notes: list[str] = []
-    if options.examples:
-        try:
-            spec = options.model or str(saved.to_dict().get("spec") or saved.model)
-            saved.attach(load_model(spec, LoadOptions.from_groups(where)))
-        except HeadscopeError as exc:
-            notes.append(f"attention heatmaps left out: {exc}")
-    document = saved.html(examples=options.examples, command=command_line(), notes=notes)
-    for text in notes:
-        note(text)
-    wrote(html_file(options.html, document, options.force))
+    write_report(saved, options, lambda spec: load_model(spec, LoadOptions.from_groups(where)))
 
 
 # --- looking at one model ----------------------------------------------------------------------------
@@ -141,7 +117,7 @@ def show(
     """Show heads' attention on one text as a heatmap (terminal, PNG, CSV or JSON)."""
     check_outputs(emit.force, ("-o", emit.output), ("--png", drawn.png))
     loads = dataclasses.asdict(LoadOptions.from_groups(load, capture))
-    with common.loading(model) as on_loaded:  # hs.show checks the text and heads before it loads
+    with loading(model) as on_loaded:  # hs.show checks the text and heads before it loads
         shows = dataclasses.asdict(shown)
         attention = hs.show(model, profile=load.profile, on_loaded=on_loaded, **shows, **loads)
     views.print_attention(attention, emit, drawn)
@@ -152,7 +128,7 @@ def info(model: ModelArg = DEFAULT_MODEL, *, emit: Emit, load: common.Where) -> 
     """The model's attention layout: layers, query and KV heads, grouping, dimensions, context."""
     check_outputs(emit.force, ("-o", emit.output))
     data = views.info_data(hs.load(model, **dataclasses.asdict(LoadOptions.from_groups(load))))
-    common.write_output(emit, lambda c: views.print_info(data, c), lambda: views.info_csv(data), lambda: data)
+    write_output(emit, lambda c: views.print_info(data, c), lambda: views.info_csv(data), lambda: data)
 
 
 @command(app, "compare")
@@ -171,7 +147,7 @@ def compare_cmd(
     """Compare two scans (CSV or JSON): best heads, score changes of shared heads, roles gained and lost,
     and, where both describe their heads, the heads whose description changed."""
     check_outputs(emit.force, ("-o", emit.output), ("--csv", csv))
-    common.print_compared(hs.compare(a, b), emit, csv)
+    print_compared(hs.compare(a, b), emit, csv)
 
 
 @app.command("models")

@@ -39,12 +39,9 @@ def print_run(run_key: str, outcome: dict) -> None:
 
 
 def print_interrupted(exc: KeyboardInterrupt, store: Path) -> None:
-    """Ctrl-C during a sweep: what the store keeps (a ``SweepInterrupted`` says how many runs)."""
-    from headscope.sweeps.run import SweepInterrupted
-
+    """Ctrl-C during a sweep: what the store keeps (a ``SweepInterrupted`` says it: how many runs)."""
     kept = f"the runs finished so far are kept in the store {store}"
-    interrupted = isinstance(exc, SweepInterrupted)
-    say(str(exc) if interrupted else f"interrupted: {kept}; run the same sweep again to compute the rest")
+    say(str(exc) or f"interrupted: {kept}; run the same sweep again to compute the rest")
 
 
 def print_sweep(result: Any, n_analyses: int, console: Console) -> None:

@@ -45,11 +45,32 @@ def quiet_broken_pipe() -> None:
         os.close(devnull)
 
 
-def is_devnull(fd: int) -> bool:
+def _is_devnull(fd: int) -> bool:
     try:
         return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
     except OSError:
         return False
+
+
+def run_program(program: Callable[[], Any]) -> None:
+    """Run a command-line program (the typer app): quiet third-party bars unless ``--debug``, and a
+    reader of stdout that went away (``| head -1``) ends it with :data:`BROKEN_PIPE_EXIT`, quietly."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "--debug" not in sys.argv:
+        # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    stdout_was_devnull = _is_devnull(1)
+    try:
+        program()
+    except BrokenPipeError:
+        quiet_broken_pipe()
+        sys.exit(BROKEN_PIPE_EXIT)
+    except SystemExit as exc:
+        # typer's own output (--help, usage) goes through a Rich console that, on a broken pipe,
+        # points stdout at devnull and exits 1; give it the broken-pipe status as well.
+        if exc.code == 1 and not stdout_was_devnull and _is_devnull(1):
+            sys.exit(BROKEN_PIPE_EXIT)
+        raise
 
 
 class _Stdout(Console):
@@ -189,6 +210,21 @@ class Emit:
     def streamed(self) -> bool:
         """Tables for people on stdout: printed as they come."""
         return self.fmt == "table" and self.output == "-"
+
+
+@dataclass(kw_only=True)
+class Top:
+    top: int = option(10, "Heads to show per table.", min=1)
+
+
+@dataclass(kw_only=True)
+class Csv:
+    csv: Path | None = option(None, "Write every head of every detector to this CSV (atomic).")
+
+
+@dataclass(kw_only=True)
+class Debug:
+    debug: bool = option(False, "Show tracebacks and debug logs.")
 
 
 def write_output(

@@ -7,6 +7,7 @@ Every writer writes atomically (:mod:`headscope.files`) and returns what it wrot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -121,6 +122,34 @@ class _FolderChecks(Mapping[Any, Callable[[Path, Any, bool], list[str]]]):
 
 WRITERS: Mapping[str, Writer] = _Named()
 FOLDER_CHECKS: Mapping[Any, Callable[[Path, Any, bool], list[str]]] = _FolderChecks()
+
+
+def output_group(analysis: Any, first: bool) -> type:
+    """An analysis' declared outputs as an option group (``--html PATH`` and the like; no path: not
+    written): those listed right after its options (``first``: the run's figure or plan), or the rest."""
+    from headscope.extend.protocol import option
+
+    fields = [
+        (_param(o), Path | None, option(None, o.help, flag=o.flag))
+        for o in analysis.outputs
+        if o.first == first
+    ]
+    return dataclasses.make_dataclass("Outputs", fields, kw_only=True)
+
+
+def _param(output: Any) -> str:
+    return "out_" + output.flag.lstrip("-").replace("-", "_")
+
+
+def chosen_outputs(analysis: Any, *groups: Any) -> list[tuple[Any, Path]]:
+    """The declared outputs of ``analysis`` given a path in ``groups`` (of :func:`output_group`)."""
+    paths = {name: path for group in groups for name, path in dataclasses.asdict(group).items()}
+    return [(o, paths[_param(o)]) for o in analysis.outputs if paths[_param(o)] is not None]
+
+
+def unknown_writers(analysis: Any) -> list[str]:
+    """The flags of the outputs of ``analysis`` that name no writer of :data:`WRITERS`."""
+    return [o.flag for o in analysis.outputs if isinstance(o.writer, str) and o.writer not in WRITERS]
 
 
 def check_declared(
