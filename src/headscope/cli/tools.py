@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 import headscope.api as hs
+from headscope.extend.protocol import split_names
 from headscope.models import DEFAULT_MODEL
 from headscope.models.options import LoadOptions
 from headscope.outputs import listing, views
@@ -57,7 +58,7 @@ def sweep_cmd(
 ) -> None:
     """Run analyses over many models or checkpoints into a resumable store; print how roles emerge."""
     # Every option is checked here or by hs.sweep, before the store is touched and the first run.
-    chosen = sweeps.check_analyses(store.analyses.split(","))
+    chosen = sweeps.check_analyses(split_names(store.analyses) or [])
     if drawn.png is not None:
         check_outputs(again.force, ("--png", drawn.png))
         check_series(specs)  # known from the specs alone: refused before the first run

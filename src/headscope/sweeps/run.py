@@ -136,6 +136,7 @@ def parse_settings(
     import typing
 
     from headscope.analyses import get
+    from headscope.extend.protocol import split_names
 
     out: dict[str, Any] = {}
     said: dict[tuple[str, str], str] = {}
@@ -173,7 +174,7 @@ def parse_settings(
                 number = "a whole number" if int in members and float not in members else "a number"
                 raise InputError(f"--set {item}: {name} takes {number}") from None
         elif str not in members and any(typing.get_origin(k) is list for k in members):
-            value = [part.strip() for part in text.split(",") if part.strip()]
+            value = split_names(text)
         owner = key.rpartition(".")[0].strip()
         out[f"{owner}.{name}" if owner else name] = value
     return out
