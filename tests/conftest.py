@@ -125,6 +125,22 @@ def word_tokenizer(size: int):
     return PreTrainedTokenizerFast(tokenizer_object=raw)
 
 
+@pytest.fixture(autouse=True)
+def forget_registrations():
+    """What a test adds to the process' registries (hs.detect, hs.register) is gone after it, so no
+    other test sees it (a name left by one test would be taken for the next one's in the same
+    process)."""
+    from headscope import detectors
+    from headscope.extend.protocol import ANALYSES
+
+    declared, analyses = set(detectors.DECLARATIONS), set(ANALYSES)
+    yield
+    for name in set(detectors.DECLARATIONS) - declared:
+        del detectors.DECLARATIONS[name]
+    for name in set(ANALYSES) - analyses:
+        ANALYSES.unregister(name)
+
+
 @pytest.fixture(scope="session")
 def toy_truth() -> dict:
     return json.loads((TOY_DIR / "ground_truth.json").read_text())

@@ -68,17 +68,6 @@ TL_PATTERNS = {
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def forget_registrations():
-    """hs.detect and hs.register add to the process' registry; other tests must not see them."""
-    before, patterns = set(detectors.REGISTRY), set(detectors.PATTERNS)
-    yield
-    for name in set(detectors.REGISTRY) - before:
-        detectors.REGISTRY.unregister(name)
-    for name in set(detectors.PATTERNS) - patterns:
-        del detectors.PATTERNS[name]
-
-
 @pytest.fixture(scope="module")
 def toy_maps(toy_dir, toy_texts):
     """The toy's prompts (repeated symbol lines, so duplicates and induction occur), their token

@@ -17,14 +17,6 @@ from headscope.verdicts import roles
 PROMPTS = ["t1 t2 t3 t4 t1 t2 t3 t4", "t5 t6 t7 t5 t6 t7 t8 t9"]
 
 
-@pytest.fixture(autouse=True)
-def forget_registrations():
-    before = set(detectors.DECLARATIONS)
-    yield
-    for name in set(detectors.DECLARATIONS) - before:
-        del detectors.DECLARATIONS[name]
-
-
 def previous(batch):
     content = batch.content
     rows, earlier = (content[:, 1:] & content[:, :-1]).nonzero(as_tuple=True)

@@ -25,19 +25,6 @@ from headscope.outputs.compare import CompareInputError, compare
 PROMPTS = ["t1 t2 t3 t4 t1 t2 t3 t4", "t5 t6 t7 t5 t6 t7 t8 t9"]
 
 
-@pytest.fixture(autouse=True)
-def forget_registrations():
-    """hs.detect and hs.register add to the process' registries; other tests must not see them."""
-    before, patterns, analyses = set(detectors.REGISTRY), set(detectors.PATTERNS), set(ANALYSES)
-    yield
-    for name in set(detectors.REGISTRY) - before:
-        detectors.REGISTRY.unregister(name)
-    for name in set(detectors.PATTERNS) - patterns:
-        del detectors.PATTERNS[name]
-    for name in set(ANALYSES) - analyses:
-        ANALYSES.unregister(name)
-
-
 def previous(batch):
     content = batch.content
     rows, earlier = (content[:, 1:] & content[:, :-1]).nonzero(as_tuple=True)
