@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import word_tokenizer
-from test_dla import tiny_gemma, tiny_gpt2, tiny_llama
+from tiny_models import tiny_gemma, tiny_gpt2, tiny_llama
 
 import headscope as hs
 from headscope.capture import checks

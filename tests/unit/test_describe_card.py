@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from conftest import word_tokenizer
+from tiny_models import tiny_bert
 
 import headscope as hs
 from headscope.analyses.describe.atlas import Atlas, json_schema
@@ -151,23 +151,8 @@ def test_the_atlas_with_writes_and_ablation_validates_and_reads_back(planted):
     assert "ablating it raises the loss by" in page and "its mean write promotes" in page
 
 
-def _tiny_bert():
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig(
-        vocab_size=40,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        intermediate_size=48,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return hs.load(BertModel(config).eval(), word_tokenizer(40), name="tiny-bert")
-
-
 def test_a_model_weights_refuses_gets_the_reason_on_every_card():
-    loaded = _tiny_bert()
+    loaded = tiny_bert()
     per_head, record = head_writes(loaded)
     assert "has no LM head" in record["reason"]
     assert all(entry == {"reason": record["reason"]} for entry in per_head.values())
@@ -176,7 +161,7 @@ def test_a_model_weights_refuses_gets_the_reason_on_every_card():
 
 
 def test_a_failed_conformance_check_is_the_reason(monkeypatch):
-    from test_dla import tiny_gemma
+    from tiny_models import tiny_gemma
 
     from headscope.capture import checks
     from headscope.models import anatomy
@@ -191,7 +176,7 @@ def test_a_failed_conformance_check_is_the_reason(monkeypatch):
 def test_describe_on_an_encoder_says_why_no_writes(tmp_path):
     text = tmp_path / "words.txt"
     text.write_text("\n\n".join(" ".join(f"w{(i * 7 + j) % 40}" for j in range(20)) for i in range(4)))
-    loaded = _tiny_bert()
+    loaded = tiny_bert()
     atlas = hs.describe(loaded, eval_text=text, context=16, windows=2, resamples=0).atlas
     add_writes(atlas, loaded)
     assert "has no LM head" in atlas.writes["reason"]
