@@ -38,6 +38,7 @@ from headscope.extend.protocol import (
     Outcome,
     Output,
     Stats,
+    default_of,
     execute,
     flag_of,
     get,
@@ -66,7 +67,7 @@ def declared(*groups: type, more: bool = False) -> Callable[[Callable], Callable
         taken = {p.name for p in before}  # a field the function takes by position (hs.sweep's out)
         fields = [f for group in groups for f in dataclasses.fields(group) if f.name not in taken]
         keywords = [
-            inspect.Parameter(f.name, KEYWORD, default=_default(f), annotation=f.type) for f in fields
+            inspect.Parameter(f.name, KEYWORD, default=default_of(f), annotation=f.type) for f in fields
         ]
         returns = inspect.signature(fn).return_annotation
         signature = inspect.Signature([*before, *keywords, *after, *rest], return_annotation=returns)
@@ -74,12 +75,6 @@ def declared(*groups: type, more: bool = False) -> Callable[[Callable], Callable
         return fn
 
     return decorate
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
 
 
 def _take(options: dict[str, Any], group: type) -> dict[str, Any]:

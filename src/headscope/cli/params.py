@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from headscope.errors import HeadscopeError
-from headscope.extend.protocol import check_value, flag_of
+from headscope.extend.protocol import check_value, default_of, flag_of
 from headscope.outputs.html import COMMAND_LINE
 
 from .common import handle_errors
@@ -43,9 +43,7 @@ def is_group(annotation: Any) -> bool:
 def _parameter(field: dataclasses.Field, kind: Any) -> inspect.Parameter:
     meta = field.metadata
     annotation = meta.get("cli_type") or kind
-    factory = field.default_factory
-    default = field.default if factory is dataclasses.MISSING else factory()
-    default = inspect.Parameter.empty if default is dataclasses.MISSING else default
+    default = default_of(field)
     if meta.get("choices"):
         annotation = _choice_enum(field.name, tuple(meta["choices"]))
         default = annotation(default) if default is not None else None

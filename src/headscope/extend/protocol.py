@@ -19,6 +19,7 @@ The registry (:data:`ANALYSES`) serves the API (``hs.scan``, …), the CLI and t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -63,6 +64,14 @@ def option(
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The default an option's keyword or flag shows: a fresh value of its factory, or
+    ``inspect.Parameter.empty`` where it has none (a required option)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
 
 
 def flag_of(f: dataclasses.Field) -> str:
