@@ -165,6 +165,19 @@ class Result:
 
         return Atlas.from_json(saved)
 
+    @property
+    def qk(self) -> Any:
+        """``hs.qk``'s decomposition: a ``QKResult`` (``heads``, ``check``, ``to_json()``), live or read
+        back from a saved result; None for other analyses."""
+        if self._outcome is not None:
+            return self._outcome.state.get("qk")
+        saved = (self._saved or {}).get("qk")
+        if saved is None:
+            return None
+        from headscope.analyses.qk import QKResult
+
+        return QKResult.from_json(saved)
+
     def tables(self) -> pd.DataFrame:
         """The (data, detector, relation, direction) groups of the table, one row each, with head counts."""
         table = self.table

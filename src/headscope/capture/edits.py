@@ -9,7 +9,9 @@ list of these:
 * :class:`PatchHeads`: a head's output (the output projection's input) replaced by a given vector,
   at one position, in chosen rows (the function-vector heads' mean-patching);
 * :class:`AddVector`: a vector added to the residual stream after a block, at one position per row
-  (the function vector's test).
+  (the function vector's test);
+* :class:`KeyOnly`: a write removed from one block's key input only: the block's queries, values and
+  every other block see the stream unchanged (qk's causal check, K-composition by intervention).
 
 The first two act inside headscope's streaming attention function, so they need streaming capture
 and install no hook; the other two are forward hooks. :func:`applied` is the one way to put a list
@@ -91,8 +93,24 @@ class AddVector:
         return hidden
 
 
-Edit = AblateHeads | StreamHeads | PatchHeads | AddVector
-KINDS: tuple[type, ...] = (AblateHeads, StreamHeads, PatchHeads, AddVector)
+@dataclass(frozen=True)
+class KeyOnly:
+    """A write removed from block ``layer``'s key input only.
+
+    ``removed(batch)`` gives ``[B, T, D]``: what to take out of the block's input (the residual
+    stream) before its key projection. The key projection then reads ``norm(x - removed)``, the
+    block's own pre-attention norm recomputed on the changed stream (a real intervention, not the
+    frozen statistic of the decomposition); the queries and values read ``norm(x)`` as before. Needs
+    a separate key projection (``k_proj``). Run it through :func:`headscope.capture.run`, which
+    tells :func:`applied` each batch.
+    """
+
+    layer: int
+    removed: Callable[[Batch], torch.Tensor] = field(repr=False)
+
+
+Edit = AblateHeads | StreamHeads | PatchHeads | AddVector | KeyOnly
+KINDS: tuple[type, ...] = (AblateHeads, StreamHeads, PatchHeads, AddVector, KeyOnly)
 
 
 class Applied:
@@ -146,6 +164,16 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
                     f"head {head}'s value has shape {tuple(value.shape)}",
                     f"give [{width}] (one head's output)",
                 )
+    elif isinstance(edit, KeyOnly):
+        if edit.layer not in attention:
+            _refuse(edit, f"layer {edit.layer} has no attention", layers)
+        module = projections.attention_module(anatomy.blocks(loaded.model)[edit.layer])
+        if not isinstance(getattr(module, "k_proj", None), torch.nn.Linear):
+            _refuse(
+                edit,
+                f"{type(module).__name__} has no separate key projection (k_proj)",
+                "a fused query/key/value projection cannot be edited on the key side alone",
+            )
     elif isinstance(edit, AddVector):
         if not 0 <= edit.layer < blocks:
             _refuse(edit, f"layer {edit.layer} is not a block", f"the blocks are 0..{blocks - 1}")
@@ -177,7 +205,7 @@ def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
 
 
 def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) -> None:
-    if not any(isinstance(edit, (PatchHeads, AddVector)) for edit in edits):
+    if not any(isinstance(edit, (PatchHeads, AddVector, KeyOnly)) for edit in edits):
         return  # AblateHeads and StreamHeads act in the attention function, not by hooks
     blocks = anatomy.blocks(loaded.model)
     n_heads = loaded.layout.n_heads
@@ -206,6 +234,28 @@ def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) ->
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
             hooks.after(blocks[edit.layer], add)
+    for edit in edits:
+        if isinstance(edit, KeyOnly):
+            _key_only(edit, blocks[edit.layer], live, hooks)
+
+
+def _key_only(edit: KeyOnly, block: torch.nn.Module, live: Applied, hooks: Hooks) -> None:
+    attention = projections.attention_module(block)
+    norm = projections.input_norm(block)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(_module: Any, args: tuple, kwargs: dict) -> None:
+        seen["x"] = args[0] if args else kwargs["hidden_states"]
+
+    def replace(_module: Any, args: tuple) -> tuple:
+        if live.batch is None:
+            raise RunFailure("KeyOnly needs the pass's batch: run it through capture.run")
+        x = seen["x"]
+        changed = x - edit.removed(live.batch).to(device=x.device, dtype=x.dtype)
+        return (norm(changed) if norm is not None else changed, *args[1:])
+
+    hooks.before(block, keep, with_kwargs=True)
+    hooks.before(attention.k_proj, replace)
 
 
 @contextlib.contextmanager
@@ -230,6 +280,7 @@ __all__ = [
     "Applied",
     "Edit",
     "KINDS",
+    "KeyOnly",
     "PatchHeads",
     "StreamHeads",
     "applied",

@@ -12,7 +12,9 @@ the reads, at most one of each kind per pass:
 * :class:`~headscope.capture.ablation.HeadOutputMeans`: chosen heads' mean outputs over the set
   (mean ablation's calibration; streaming capture only);
 * :class:`BlockRecorder`: chosen blocks' inputs, keys and values, for path patching's replays
-  (streaming capture only).
+  (streaming capture only);
+* :class:`~headscope.capture.sources.SourceWrites`: blocks' inputs, attention inputs and heads'
+  outputs at every position, for the decomposition of attention scores over their sources (qk).
 
 :func:`check` refuses what a model cannot give (a streaming-only read in eager capture, losses
 without an LM head) and what a pass cannot give (final states from a pass that stops early), each
@@ -36,6 +38,7 @@ from .batch import Batch
 from .dla import HeadWrites
 from .hooks import hooked
 from .rows import Reads
+from .sources import SourceWrites
 
 # on_layer(layer, weights[B, H, c, K'], batch, q_start): weights of queries q_start..q_start+c-1.
 LayerCallback = Callable[[int, torch.Tensor, "Batch", int], None]
@@ -186,8 +189,16 @@ class BlockRecorder:
         self._saved = {}
 
 
-Read = Attention | TokenLosses | FinalHidden | HeadWrites | HeadOutputMeans | BlockRecorder
-KINDS: tuple[type, ...] = (Attention, TokenLosses, FinalHidden, HeadWrites, HeadOutputMeans, BlockRecorder)
+Read = Attention | TokenLosses | FinalHidden | HeadWrites | HeadOutputMeans | BlockRecorder | SourceWrites
+KINDS: tuple[type, ...] = (
+    Attention,
+    TokenLosses,
+    FinalHidden,
+    HeadWrites,
+    HeadOutputMeans,
+    BlockRecorder,
+    SourceWrites,
+)
 # What each read is for, in a refusal a user may see (the CLI prints it).
 _WHAT = {
     HeadOutputMeans: "head ablation's mean outputs",

@@ -39,6 +39,7 @@ from .reads import (
     TokenLosses,
 )
 from .rows import Reads
+from .sources import SourceWrites
 from .spec import Pass
 
 STREAM_IMPLEMENTATION = "headscope_stream"
@@ -726,6 +727,7 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
     writes = spec.read(HeadWrites)
     recorder = spec.read(HeadOutputMeans)
     blocks = spec.read(BlockRecorder)
+    sources = spec.read(SourceWrites)
     stop_after = spec.stop_after
     on_batch_done = spec.on_batch_done
     device = loaded.device
@@ -752,9 +754,12 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
                 writes.begin(on_device)
             if blocks is not None:
                 blocks.begin(on_device)
+            if sources is not None:
+                sources.begin(on_device)
             with (
                 writes.hooked() if writes is not None else contextlib.nullcontext(),
                 blocks.hooked() if blocks is not None else contextlib.nullcontext(),
+                sources.hooked() if sources is not None else contextlib.nullcontext(),
             ):
                 if loaded.capture_mode == "stream":
                     with _sink(
@@ -793,6 +798,8 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
                             on_layer_done(layer, on_device)
             if writes is not None:
                 writes.finish()
+            if sources is not None:
+                sources.finish()
             if final is not None:
                 final.on_hidden(out.last_hidden_state, on_device)
             if losses is not None:

@@ -1,0 +1,979 @@
+"""``qk``: why a head attends where it does. Its attention scores split exactly over the components
+that write its queries and keys, each source's share of the head's choice, and a causal check.
+
+For each head and each query read, the **margin** is how much higher the head's attention-weighted
+score is than the mean score over the keys it may see::
+
+    m(q) = Σ_k A[q,k] s(q,k) − mean_k s(q,k) = Σ_k (A[q,k] − 1/n_q) s(q,k)      (always ≥ 0)
+
+The score is a sum over (query source, key source) pairs (:mod:`headscope.capture.sources`), so the
+margin splits exactly by key source (queries held at their total) and by query source (keys held at
+their total). A source's **share** on a side is ``Σ_q m_b(q) / Σ_q m(q)``: a side's shares sum to
+1, and a share is negative where the source works against the head's choice.
+
+The windows are split in two: the **fit** split picks each head's top sources, the **evaluation**
+split measures everything that is reported (shares with 95% bootstrap intervals over windows, the
+top pairs, the reconstructed attention, the causal check), so no reported number is measured on the
+data that chose it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope import capture
+from headscope.capture import Attention, Pass
+from headscope.capture.edits import KeyOnly
+from headscope.capture.sources import Decomposer, Source, SourceWrites, refusal, source_names
+from headscope.detectors import create as create_detectors
+from headscope.errors import InputError, Unsupported
+from headscope.extend.base import (
+    RepeatSpec,
+    Report,
+    check_context,
+    detectors_for,
+    model_batches,
+    repeated_tokens,
+)
+from headscope.extend.protocol import (
+    Analysis,
+    Outcome,
+    Stats,
+    check_common,
+    option,
+    register,
+    split_names,
+)
+from headscope.verdicts.results import CSV_COLUMNS, HIDDEN_COLUMNS, head_table
+from headscope.verdicts.roles import assign_roles, head_roles
+from headscope.verdicts.stats import MIN_EXAMPLES, bootstrap_ratio
+
+from .describe.fit import RowSample
+from .describe.texts import LANGS, balanced, shipped_sources, user_text_sources, windows
+
+RECONSTRUCT_K = (0, 1, 3, 10, 30)  # sources kept on each side (0: every source at its mean)
+PAIRS = 6  # top sources per side whose pairs are measured
+LISTED = 12  # sources per (head, side) listed in the tidy rows (the rest summed as "rest")
+SCORE_TOLERANCE = 1e-4  # the sum over sources against the module's own scores, relative
+SIDES = ("key", "query")
+
+
+# --- options and inputs -------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class QKOptions(Stats):
+    heads: str | None = option(
+        None, "Heads to explain (comma list like L18H6,L17H8); default: every head.", cli_type=str | None
+    )
+    context: int = option(256, "Tokens per text window (BOS first).", min=16)
+    lang: str = option(
+        "en",
+        "Languages of the shipped texts (comma list: en, zh).",
+        check=lambda value: _check_langs(value),
+    )
+    eval_text: Path | None = option(
+        None,
+        "Evaluate on this UTF-8 text file instead of the shipped evaluation split (paragraphs "
+        "separated by blank lines, each cut into --context windows); the top sources are still "
+        "picked on the shipped fit split.",
+    )
+    repeat_seq: int = option(
+        0,
+        "Run on repeated random tokens instead of text: N copies of --seq-len random tokens (the "
+        "induction protocol); 0: text.",
+        min=0,
+    )
+    seq_len: int = option(50, "Random tokens per copy with --repeat-seq.", min=2)
+    windows: int = option(
+        6,
+        "Windows (or random sequences) per split: the fit split picks each head's top sources, the "
+        f"evaluation split measures them (intervals need at least {MIN_EXAMPLES}).",
+        min=1,
+    )
+    rows: int = option(
+        64,
+        "Query rows read per window (in blocks of 16, a seeded systematic sample, as describe); "
+        "0: every row.",
+        min=0,
+    )
+    verify: int = option(
+        0,
+        "Causal check on the N heads with the largest top key share: remove the top key source from "
+        "the head's key input only, against random sources of lower layers.",
+        min=0,
+    )
+    controls: int = option(5, "Random lower-layer sources removed per verified head (--verify).", min=1)
+
+
+def _check_langs(value: str) -> None:
+    names = split_names(value) or []
+    unknown = [n for n in names if n not in LANGS]
+    if not names or unknown:
+        raise InputError(f"--lang {value}: choose from {', '.join(LANGS)} (comma list)")
+    if len(set(names)) != len(names):
+        raise InputError(f"--lang {value}: a language is named twice")
+
+
+def parse_heads(value: str | None) -> list[tuple[int, int]] | None:
+    """``"L18H6,L17H8"`` -> ``[(18, 6), (17, 8)]`` (None: every head); refuses a malformed name."""
+    names = split_names(value)
+    if names is None:
+        return None
+    if not names:
+        raise InputError("--heads is empty", hint="name heads like L18H6, or drop --heads")
+    found = []
+    for name in names:
+        text = name.upper()
+        if not (text.startswith("L") and "H" in text):
+            raise InputError(f"--heads: {name!r} is not a head name", hint="write heads like L18H6")
+        layer, _, head = text[1:].partition("H")
+        if not (layer.isdigit() and head.isdigit()):
+            raise InputError(f"--heads: {name!r} is not a head name", hint="write heads like L18H6")
+        found.append((int(layer), int(head)))
+    if len(set(found)) != len(found):
+        raise InputError(f"--heads {value}: a head is named twice")
+    return found
+
+
+@dataclass
+class QKInputs:
+    heads: list[tuple[int, int]] | None
+    fit_sources: list[Any]
+    eval_sources: list[Any] | None
+    eval_from: str
+
+
+def _windows(loaded: Any, options: QKOptions, prepared: QKInputs) -> tuple[list[Any], list[Any], str]:
+    """(fit, evaluation) windows as (ids, special) pairs, and what the evaluation split is."""
+    n = options.windows
+    if options.repeat_seq:
+        spec = RepeatSpec(options.seq_len, options.repeat_seq, 2 * n, options.seed, None)
+        sequences, specials, _ = repeated_tokens(loaded, spec)
+        pairs = list(zip(sequences, specials, strict=True))
+        what = f"repeated random tokens ({n} x {options.seq_len} tokens x {options.repeat_seq})"
+        return pairs[:n], pairs[n:], what
+    fit = balanced(windows(loaded, prepared.fit_sources, options.context), n)
+    sources = prepared.eval_sources or shipped_sources("eval", split_names(options.lang) or ["en"])
+    held = balanced(windows(loaded, sources, options.context), n)
+    if len(held) < 2:
+        raise InputError(
+            f"{prepared.eval_from}: {len(held)} window of text to evaluate on; qk needs at least 2",
+            hint="give a longer text, or a smaller --context",
+        )
+    return [(t.ids, t.special) for t in fit], [(t.ids, t.special) for t in held], prepared.eval_from
+
+
+# --- the statistics of one split ---------------------------------------------------------------------------
+
+
+@dataclass
+class HeadSums:
+    """One head's per-window sums over the rows read (float64): the margin, its split by key source
+    and by query source, and (evaluation split) the reconstructions and the top pairs."""
+
+    layer: int
+    head: int
+    group: int
+    sources: list[Source]
+    margin: list[float] = field(default_factory=list)
+    key: list[np.ndarray] = field(default_factory=list)
+    query: list[np.ndarray] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    explained: list[np.ndarray] = field(default_factory=list)  # [len(RECONSTRUCT_K)] mean over rows
+    pairs: np.ndarray | None = None  # [PAIRS, PAIRS] summed over windows
+    top_key: list[int] = field(default_factory=list)
+    top_query: list[int] = field(default_factory=list)
+
+
+class Split:
+    """The reader of one split's pass: attention rows per layer, decomposed at each layer's end."""
+
+    def __init__(
+        self,
+        loaded: Any,
+        heads: dict[int, list[int]],
+        sample: RowSample,
+        recorder: SourceWrites,
+        decomposers: dict[int, Decomposer],
+        tops: dict[tuple[int, int], tuple[list[int], list[int]]] | None,
+        detectors: list[Any],
+    ) -> None:
+        self.loaded = loaded
+        self.heads = heads
+        self.sample = sample
+        self.recorder = recorder
+        self.decomposers = decomposers
+        self.tops = tops
+        self.detectors = detectors
+        layout = loaded.layout
+        group = layout.n_heads // layout.n_kv_heads
+        self.sums = {
+            (layer, h): HeadSums(layer, h, h // group, source_names(loaded, layer))
+            for layer, hs in heads.items()
+            for h in hs
+        }
+        if tops is not None:
+            for key, (top_key, top_query) in tops.items():
+                if key in self.sums:
+                    self.sums[key].top_key, self.sums[key].top_query = top_key, top_query
+        self.score_error = 0.0
+        self.attention_error = 0.0
+        self._rows: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+
+    def on_layer(self, layer: int, weights: torch.Tensor, batch: Any, q_start: int) -> None:
+        for detector in self.detectors:
+            detector.update(layer, weights, batch, q_start)
+        if layer in self.heads:
+            stop = q_start + weights.shape[2]
+            visible = batch.visible(q_start, stop, weights.shape[3])
+            self._rows.setdefault(layer, []).append((q_start, weights.detach().clone(), visible.clone()))
+
+    def on_layer_done(self, layer: int, batch: Any) -> None:
+        for detector in self.detectors:
+            if hasattr(detector, "end_layer"):
+                detector.end_layer(layer, batch)
+        if layer not in self.heads:
+            return
+        chunks = self._rows.pop(layer, [])
+        read = self.sample(batch)
+        for row in range(batch.input_ids.shape[0]):
+            length = int(batch.attention_mask[row].sum())
+            self._decompose(layer, self.recorder.current(row), chunks, read[row, :length], row, length)
+
+    def _gather(
+        self, chunks: list[Any], read: torch.Tensor, row: int, length: int, n_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, weights, visible = [], [], []
+        for q_start, w, v in chunks:
+            for offset in range(w.shape[2]):
+                position = q_start + offset
+                if position < length and bool(read[position]):
+                    rows.append(position)
+                    keys = min(w.shape[3], length)
+                    full_w = torch.zeros(n_heads, length, dtype=torch.float64)
+                    full_w[:, :keys] = w[row, :, offset, :keys].double()
+                    full_v = torch.zeros(length, dtype=torch.bool)
+                    full_v[:keys] = v[row, offset, :keys].bool()
+                    weights.append(full_w)
+                    visible.append(full_v)
+        if not rows:
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, torch.zeros(n_heads, 0, length), torch.zeros(0, length, dtype=torch.bool)
+        return torch.tensor(rows), torch.stack(weights, 1), torch.stack(visible)
+
+    def _decompose(
+        self, layer: int, recording: Any, chunks: list[Any], read: torch.Tensor, row: int, length: int
+    ) -> None:
+        layout = self.loaded.layout
+        rows, weights, visible = self._gather(chunks, read, row, length, layout.n_heads)
+        if len(rows) == 0:
+            return
+        heads = self.heads[layer]
+        group = layout.n_heads // layout.n_kv_heads
+        groups = torch.tensor([h // group for h in heads])
+        chosen = torch.tensor(heads)
+        decomposer = self.decomposers[layer]
+        n_vis = visible.sum(-1, keepdim=True).clamp(min=1).double()
+        centred = weights[chosen] - visible.double()[None] / n_vis[None]  # [h, R, T]
+        evaluation = self.tops is not None
+        state: dict[str, Any] = {}
+        q_total = k_total = None
+        key_num = query_num = None
+        for parts, indices, q, k, q_mean, k_mean in decomposer.decompose(recording, rows):
+            if not state:
+                query = parts.query[chosen]  # [h, R, d]
+                key = parts.key[groups]  # [h, T, d]
+                scaling = parts.scaling
+                self._check_attention(query, key, scaling, weights[chosen], visible)
+                kbar = torch.einsum("hrt,htd->hrd", centred, key)
+                state = {"query": query, "key": key, "kbar": kbar, "scaling": scaling, "parts": parts}
+                count = len(parts.sources)
+                key_num = torch.zeros(len(heads), count, dtype=torch.float64)
+                query_num = torch.zeros(len(heads), count, dtype=torch.float64)
+                q_total = torch.zeros_like(parts.query)
+                k_total = torch.zeros_like(parts.key)
+                if evaluation:
+                    state["dq_all"] = torch.zeros_like(query)
+                    state["dk_all"] = torch.zeros_like(key)
+                    state["dq"], state["dk"], state["q_top"], state["kbar_top"] = {}, {}, {}, {}
+            q_total = q_total + q.sum(0)
+            k_total = k_total + k.sum(0)
+            q_chosen = q[:, chosen]  # [c, h, R, d]
+            k_chosen = k[:, groups]  # [c, h, T, d]
+            kbar_c = torch.einsum("hrt,chtd->chrd", centred, k_chosen)
+            index = torch.tensor(indices)
+            key_num[:, index] = (scaling * (state["query"][None] * kbar_c).sum(-1)).sum(-1).T
+            query_num[:, index] = (scaling * (q_chosen * state["kbar"][None]).sum(-1)).sum(-1).T
+            if evaluation:
+                dq = q_chosen - q_mean[:, chosen]
+                dk = k_chosen - k_mean[:, groups]
+                state["dq_all"] += dq.sum(0)
+                state["dk_all"] += dk.sum(0)
+                for slot, source in enumerate(indices):
+                    for i, h in enumerate(heads):
+                        sums = self.sums[(layer, h)]
+                        if source in sums.top_query:
+                            state["dq"][(i, source)] = dq[slot, i]
+                            state["q_top"][(i, source)] = q_chosen[slot, i]
+                        if source in sums.top_key:
+                            state["dk"][(i, source)] = dk[slot, i]
+                            state["kbar_top"][(i, source)] = kbar_c[slot, i]
+        parts = state["parts"]
+        self._check_sum(layer, q_total, parts.query, k_total, parts.key)
+        margin = (scaling * (state["query"] * state["kbar"]).sum(-1)).sum(-1)  # [h]
+        for i, h in enumerate(heads):
+            sums = self.sums[(layer, h)]
+            sums.margin.append(float(margin[i]))
+            sums.key.append(key_num[i].numpy())
+            sums.query.append(query_num[i].numpy())
+            sums.rows.append(len(rows))
+            if evaluation:
+                self._evaluate(sums, i, state, weights[h], visible)
+
+    def _evaluate(
+        self, sums: HeadSums, i: int, state: dict[str, Any], actual: torch.Tensor, visible: torch.Tensor
+    ) -> None:
+        scaling = state["scaling"]
+        base_q = state["query"][i] - state["dq_all"][i]  # every source at its mean
+        base_k = state["key"][i] - state["dk_all"][i]
+        explained = []
+        for k in RECONSTRUCT_K:
+            q = base_q + sum((state["dq"][(i, s)] for s in sums.top_query[:k]), torch.zeros_like(base_q))
+            kk = base_k + sum((state["dk"][(i, s)] for s in sums.top_key[:k]), torch.zeros_like(base_k))
+            scores = (scaling * q @ kk.T).masked_fill(~visible, float("-inf"))
+            predicted = torch.softmax(scores, -1)
+            explained.append(float(torch.minimum(actual, predicted).sum(-1).mean()))
+        sums.explained.append(np.array(explained))
+        top_q, top_k = sums.top_query[:PAIRS], sums.top_key[:PAIRS]
+        pairs = np.zeros((PAIRS, PAIRS))
+        for a, qa in enumerate(top_q):
+            for b, kb in enumerate(top_k):
+                pairs[a, b] = float(scaling * (state["q_top"][(i, qa)] * state["kbar_top"][(i, kb)]).sum())
+        sums.pairs = pairs if sums.pairs is None else sums.pairs + pairs
+
+    def _check_attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float,
+        actual: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> None:
+        scores = (scaling * query @ key.transpose(1, 2)).masked_fill(~visible[None], float("-inf"))
+        error = float((torch.softmax(scores, -1) - actual).abs().max())
+        self.attention_error = max(self.attention_error, error)
+        if error > capture.checks.tolerance(self.loaded):
+            raise Unsupported(
+                f"qk: {self.loaded.name}: the attention module's own queries and keys, taken through "
+                f"softmax(q·k × scaling), do not give the model's attention (error {error:.1e}): "
+                "something besides q·k enters the scores (a position bias, sinks, soft-capping)",
+                hint="report the family to headscope",
+            )
+
+    def _check_sum(self, layer: int, q_sum: Any, q: Any, k_sum: Any, k: Any) -> None:
+        # The scores are bilinear in (query, key): parts that sum to the query and to the key give
+        # pair scores that sum to the score. Relative to the largest entry of each.
+        error = max(
+            float((q_sum - q).abs().max() / q.abs().max().clamp(min=1e-30)),
+            float((k_sum - k).abs().max() / k.abs().max().clamp(min=1e-30)),
+        )
+        self.score_error = max(self.score_error, error)
+        if error > SCORE_TOLERANCE:
+            raise Unsupported(
+                f"qk: {self.loaded.name} layer {layer}: the sources' parts sum to the queries and keys "
+                f"only to {error:.1e} relative (needs {SCORE_TOLERANCE:g})",
+                hint="report the family to headscope",
+            )
+
+
+def _run_split(
+    loaded: Any,
+    pairs: list[Any],
+    heads: dict[int, list[int]],
+    decomposers: dict[int, Decomposer],
+    sample: RowSample,
+    tops: Any,
+    detectors: list[Any],
+    progress: Any,
+    label: str,
+) -> Split:
+    recorder = SourceWrites(loaded, list(heads))
+    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors)
+    for detector in detectors:
+        detector.start(loaded.layout, len(pairs))
+    batches = model_batches(loaded, [p[0] for p in pairs], [p[1] for p in pairs], 1)
+    stop = recorder.last if loaded.capture_mode == "stream" else None
+    advance = progress(label, len(batches)) if progress is not None else None
+
+    def done(_batch: Any) -> None:
+        if advance is not None:
+            advance(1)
+
+    spec = Pass(
+        reads=[recorder, Attention(split.on_layer, rows=sample, on_layer_done=split.on_layer_done)],
+        stop_after=stop,
+        on_batch_done=done,
+    )
+    capture.run(loaded, batches, spec)
+    split.batches = batches  # type: ignore[attr-defined]
+    return split
+
+
+# --- from sums to shares -----------------------------------------------------------------------------------
+
+
+def _shares(
+    sums: HeadSums, side: str, n_resamples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    num = torch.tensor(np.stack(getattr(sums, side)))  # [W, S]
+    den = torch.tensor(sums.margin)
+    share = num.sum(0).numpy() / max(float(den.sum()), 1e-30)
+    low, high, _ = bootstrap_ratio(num, den, n_resamples=n_resamples, seed=seed)
+    return share, low, high
+
+
+def _tops(split: Split) -> dict[tuple[int, int], tuple[list[int], list[int]]]:
+    """Each head's sources ranked by share on the fit split, key side and query side."""
+    found = {}
+    for key, sums in split.sums.items():
+        ranked = []
+        for side in SIDES:
+            share, _, _ = _shares(sums, side, 0, 0)
+            ranked.append([int(i) for i in np.argsort(-share)[: max(RECONSTRUCT_K[-1], PAIRS)]])
+        found[key] = (ranked[0], ranked[1])
+    return found
+
+
+@dataclass
+class QKResult:
+    """What qk found: per head, its sides' shares and the rest (the JSON's ``qk`` block)."""
+
+    heads: list[dict[str, Any]]
+    data: str
+    windows: dict[str, int]
+    rows_per_window: int | None
+    check: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "data": self.data,
+            "windows": self.windows,
+            "rows_per_window": self.rows_per_window,
+            "reconstruct_k": list(RECONSTRUCT_K),
+            "check": self.check,
+            "heads": self.heads,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QKResult:
+        """Read back a saved ``qk`` block (version 1)."""
+        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("heads"), list):
+            raise InputError("the qk block is not version 1 (or has no heads)", hint="rerun headscope qk")
+        return cls(
+            data["heads"],
+            data.get("data", ""),
+            data.get("windows", {}),
+            data.get("rows_per_window"),
+            data.get("check", {}),
+        )
+
+    def head(self, layer: int, head: int) -> dict[str, Any]:
+        for entry in self.heads:
+            if entry["layer"] == layer and entry["head"] == head:
+                return entry
+        raise KeyError(f"L{layer}H{head}")
+
+
+def _nan(value: float) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _summarise(
+    evaluation: Split,
+    roles: dict[tuple[int, int], str],
+    composition: dict[tuple[int, int], dict[tuple[int, int], tuple[float, float]]],
+    n_resamples: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    out = []
+    for (layer, head), sums in sorted(evaluation.sums.items()):
+        if not sums.margin:
+            continue
+        entry: dict[str, Any] = {
+            "layer": layer,
+            "head": head,
+            "kv_group": sums.group,
+            "role": roles.get((layer, head), ""),
+            "margin": float(np.sum(sums.margin) / max(1, np.sum(sums.rows))),
+            "windows": len(sums.margin),
+        }
+        comp = composition.get((layer, head), {})
+        for side in SIDES:
+            share, low, high = _shares(sums, side, n_resamples, seed)
+            order = np.argsort(-np.abs(share))
+            listed = []
+            for i in order:
+                source = sums.sources[int(i)]
+                weights = comp.get((source.layer, source.head)) if source.kind == "head" else None
+                listed.append(
+                    {
+                        "source": source.name,
+                        "kind": source.kind,
+                        "role": roles.get((source.layer, source.head), "") if source.kind == "head" else "",
+                        "share": float(share[i]),
+                        "ci_low": _nan(low[i]),
+                        "ci_high": _nan(high[i]),
+                        "composition": None if weights is None else float(weights[1 if side == "key" else 0]),
+                    }
+                )
+            entry[side] = listed
+        entry["top_fit"] = {
+            "key": [sums.sources[i].name for i in sums.top_key[:PAIRS]],
+            "query": [sums.sources[i].name for i in sums.top_query[:PAIRS]],
+        }
+        total = float(np.sum(sums.margin))
+        if sums.pairs is not None and total > 0:
+            pairs = [
+                {
+                    "query": sums.sources[a].name,
+                    "key": sums.sources[b].name,
+                    "share": float(sums.pairs[i, j] / total),
+                }
+                for i, a in enumerate(sums.top_query[:PAIRS])
+                for j, b in enumerate(sums.top_key[:PAIRS])
+            ]
+            entry["pairs"] = sorted(pairs, key=lambda p: -abs(p["share"]))[:PAIRS]
+        if sums.explained:
+            values = torch.tensor(np.stack(sums.explained))  # [W, K]
+            ones = torch.ones(values.shape[0], dtype=torch.float64)
+            low, high, _ = bootstrap_ratio(values, ones, n_resamples=n_resamples, seed=seed)
+            mean = values.mean(0).numpy()
+            entry["reconstructed"] = [
+                {"k": k, "explained": float(mean[i]), "ci_low": _nan(low[i]), "ci_high": _nan(high[i])}
+                for i, k in enumerate(RECONSTRUCT_K)
+            ]
+        out.append(entry)
+    return out
+
+
+def tidy_rows(model: str, heads: list[dict[str, Any]], listed: int = LISTED) -> pd.DataFrame:
+    """One row per (head, side, source) in the project's CSV columns: ``detector`` qk, ``relation``
+    the side, ``direction`` the source, ``score`` its share, ``baseline`` the weight-only composition
+    score (K- on the key side, Q- on the query side; heads only), ``rank`` its rank on that side. The
+    ``listed`` largest by |share| each; the others are summed as one ``rest`` row, so a head's rows
+    on a side sum to 1."""
+    records = []
+    for entry in heads:
+        for side in SIDES:
+            rows = entry[side]
+            for rank, item in enumerate(rows[:listed], start=1):
+                records.append(
+                    {
+                        "model": model,
+                        "detector": "qk",
+                        "relation": side,
+                        "direction": item["source"],
+                        "layer": entry["layer"],
+                        "head": entry["head"],
+                        "kv_group": entry["kv_group"],
+                        "score": item["share"],
+                        "baseline": item["composition"],
+                        "ci_low": item["ci_low"],
+                        "ci_high": item["ci_high"],
+                        "n": entry["windows"],
+                        "rank": rank,
+                        "role": item["role"],
+                        "data": "qk",
+                    }
+                )
+            rest = rows[listed:]
+            if rest:
+                records.append(
+                    {
+                        "model": model,
+                        "detector": "qk",
+                        "relation": side,
+                        "direction": "rest",
+                        "layer": entry["layer"],
+                        "head": entry["head"],
+                        "kv_group": entry["kv_group"],
+                        "score": float(sum(item["share"] for item in rest)),
+                        "baseline": None,
+                        "ci_low": None,
+                        "ci_high": None,
+                        "n": entry["windows"],
+                        "rank": None,
+                        "role": "",
+                        "data": "qk",
+                    }
+                )
+    table = pd.DataFrame.from_records(records, columns=CSV_COLUMNS)
+    for column in HIDDEN_COLUMNS:
+        table[column] = np.nan
+    return table
+
+
+def _roles(
+    loaded: Any, detectors: list[Any], n_examples: int, n_resamples: int, seed: int
+) -> dict[tuple[int, int], str]:
+    if not detectors:
+        return {}
+    results = [r for d in detectors for r in d.results("qk-eval")]
+    table = assign_roles(head_table(results, loaded.layout, loaded.name, n_resamples=n_resamples, seed=seed))
+    if not len(table):
+        return {}
+    # The role's detector names it ("previous-token"), where the role map's label is short ("prev").
+    return {(int(r.layer), int(r.head)): str(r.detector) for r in head_roles(table).itertuples() if r.role}
+
+
+def _composition(loaded: Any, heads: list[tuple[int, int]]) -> tuple[dict[Any, Any], str | None]:
+    try:
+        from headscope.weightroles.composition import composition_scores
+    except ImportError:  # pragma: no cover - the module ships with headscope
+        return {}, "weight-only composition scores are not available"
+    try:
+        return composition_scores(loaded, heads), None
+    except Unsupported as exc:
+        return {}, f"weight-only composition scores: {exc}"
+
+
+def qk(
+    loaded: Any,
+    options: QKOptions,
+    prepared: QKInputs,
+    progress: Any = None,
+) -> tuple[Report, QKResult, dict[str, Any]]:
+    """Decompose the chosen heads' attention over their sources; see the module docstring."""
+    layout = loaded.layout
+    chosen = prepared.heads or [(layer, h) for layer in range(layout.n_layers) for h in range(layout.n_heads)]
+    heads: dict[int, list[int]] = {}
+    for layer, h in chosen:
+        heads.setdefault(layer, []).append(h)
+    heads = {layer: sorted(hs) for layer, hs in sorted(heads.items())}
+    fit_pairs, eval_pairs, data = _windows(loaded, options, prepared)
+    _check_memory(loaded, max(len(p[0]) for p in fit_pairs + eval_pairs), max(heads))
+    decomposers = {layer: Decomposer(loaded, layer) for layer in heads}
+    rows = options.rows or None
+    fit = _run_split(
+        loaded, fit_pairs, heads, decomposers, RowSample(rows, options.seed, 0), None, [], progress, "qk: fit"
+    )
+    tops = _tops(fit)
+    if options.repeat_seq:
+        detectors = create_detectors(["previous-token", "duplicate-token", "induction", "sink"])
+    else:
+        detectors = detectors_for("text", None)
+    evaluation = _run_split(
+        loaded,
+        eval_pairs,
+        heads,
+        decomposers,
+        RowSample(rows, options.seed, 1),
+        tops,
+        detectors,
+        progress,
+        "qk: evaluate",
+    )
+    roles = _roles(loaded, detectors, len(eval_pairs), options.resamples, options.seed)
+    composition, note = _composition(loaded, chosen)
+    summary = _summarise(evaluation, roles, composition, options.resamples, options.seed)
+    notes = [note] if note else []
+    if len(eval_pairs) < MIN_EXAMPLES:
+        notes.append(
+            f"{len(eval_pairs)} evaluation windows < {MIN_EXAMPLES}: shares without intervals "
+            "(raise --windows)"
+        )
+    result = QKResult(
+        summary,
+        data,
+        {"fit": len(fit_pairs), "eval": len(eval_pairs)},
+        rows,
+        {
+            "score_error": max(fit.score_error, evaluation.score_error),
+            "attention_error": max(fit.attention_error, evaluation.attention_error),
+            "score_tolerance": SCORE_TOLERANCE,
+        },
+        notes,
+    )
+    report = Report(
+        loaded.name,
+        tidy_rows(loaded.name, summary),
+        [],
+        loaded.capture_mode,
+        notes=notes,
+        layout=layout,
+    )
+    state = {"eval_pairs": eval_pairs, "sample": RowSample(rows, options.seed, 1), "decomposers": decomposers}
+    return report, result, state
+
+
+def _check_memory(loaded: Any, length: int, last: int) -> None:
+    from headscope.capture.sources import MAX_SOURCE_BYTES
+
+    count = len(source_names(loaded, last))
+    needed = count * length * loaded.layout.d_model * 8
+    if needed > MAX_SOURCE_BYTES:
+        raise InputError(
+            f"qk: {count} sources x {length} tokens x d_model {loaded.layout.d_model} would need "
+            f"{needed / 2**30:.1f} GiB for layer {last}'s sources",
+            hint="lower --context, or restrict --heads to shallower layers",
+        )
+
+
+# --- the causal check ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class KeyRemoval:
+    """One verified head: its attention's move when its top key source leaves its key input, and
+    when random lower-layer sources do."""
+
+    layer: int
+    head: int
+    source: str
+    share: float
+    move: float
+    controls: list[str]
+    control_move: float
+    ratio: float
+    ci_low: float | None
+    ci_high: float | None
+    windows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class KeyRemovals:
+    heads: list[KeyRemoval]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"heads": [h.to_json() for h in self.heads]}
+
+    def print_to(self, console: Any, top: int) -> None:
+        from .qk_present import print_removals
+
+        print_removals(self, console)
+
+
+def verify_heads(
+    loaded: Any,
+    result: QKResult,
+    state: dict[str, Any],
+    n: int,
+    controls: int,
+    seed: int,
+    n_resamples: int,
+    progress: Any = None,
+) -> KeyRemovals:
+    """Remove each of the ``n`` heads' top key source from its key input only (:class:`KeyOnly`),
+    on the evaluation windows, against ``controls`` random sources of lower layers (heads and MLPs)."""
+    candidates = [e for e in result.heads if e["key"] and e["layer"] > 0]
+    candidates.sort(key=lambda e: -e["key"][0]["share"])
+    rng = np.random.default_rng(seed)
+    chosen = candidates[:n]
+    advance = progress("qk: verify", len(chosen)) if progress is not None else None
+    found = []
+    for entry in chosen:
+        found.append(_verify_head(loaded, entry, state, controls, rng, seed, n_resamples))
+        if advance is not None:
+            advance(1)
+    return KeyRemovals(found)
+
+
+def _attention_rows(
+    loaded: Any, batches: list[Any], layer: int, head: int, sample: RowSample, **extra: Any
+) -> dict[int, torch.Tensor]:
+    """One pass: head ``head``'s attention rows at ``layer`` per window (the sampled rows)."""
+    store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(at: int, weights: torch.Tensor, batch: Any, q_start: int) -> None:
+        if at == layer:
+            _keep_rows(store, weights, batch, q_start, head, sample)
+
+    reads = [Attention(keep, rows=sample), *extra.pop("reads", [])]
+    stop = layer if loaded.capture_mode == "stream" else None
+    capture.run(loaded, batches, Pass(reads=reads, stop_after=stop, **extra))
+    return {window: rows for window, (rows, _) in store.items()}
+
+
+def _verify_head(
+    loaded: Any,
+    entry: dict[str, Any],
+    state: dict[str, Any],
+    controls: int,
+    rng: np.random.Generator,
+    seed: int,
+    n_resamples: int,
+) -> KeyRemoval:
+    layer, head = entry["layer"], entry["head"]
+    pairs = state["eval_pairs"]
+    sample: RowSample = state["sample"]
+    decomposer: Decomposer = state["decomposers"][layer]
+    names = [s.name for s in decomposer.sources]
+    top = entry["key"][0]["source"]
+    pool = [s.name for s in decomposer.sources if s.kind in ("head", "mlp") and s.name != top]
+    picked = [str(x) for x in rng.choice(pool, size=min(controls, len(pool)), replace=False)]
+    wanted = [names.index(top), *(names.index(c) for c in picked)]
+    batches = model_batches(loaded, [p[0] for p in pairs], [p[1] for p in pairs], 1)
+    writes: dict[int, dict[int, torch.Tensor]] = {}
+    recorder = SourceWrites(loaded, [layer])
+
+    def record(batch: Any) -> None:
+        every, _bias = decomposer.writes(recorder.recorded[0])
+        writes[int(batch.example_index[0])] = {i: every[i].float() for i in wanted}
+
+    clean = _attention_rows(loaded, batches, layer, head, sample, reads=[recorder], on_batch_done=record)
+    moves = []
+    for index in wanted:
+
+        def removed(batch: Any, index: int = index) -> torch.Tensor:
+            return writes[int(batch.example_index[0])][index][None]
+
+        edited = _attention_rows(loaded, batches, layer, head, sample, edits=[KeyOnly(layer, removed)])
+        moves.append(
+            [float((1.0 - torch.minimum(clean[w], edited[w]).sum(-1)).mean()) for w in sorted(clean)]
+        )
+    move = np.array(moves)  # [1 + controls, windows]
+    top_move = torch.tensor(move[0])
+    control = torch.tensor(move[1:].mean(0))
+    low, high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
+    return KeyRemoval(
+        layer,
+        head,
+        top,
+        float(entry["key"][0]["share"]),
+        float(move[0].mean()),
+        picked,
+        float(move[1:].mean()),
+        float(top_move.sum() / max(float(control.sum()), 1e-12)),
+        _nan(float(low)),
+        _nan(float(high)),
+        move.shape[1],
+    )
+
+
+def _keep_rows(
+    store: dict, weights: torch.Tensor, batch: Any, q_start: int, head: int, sample: RowSample
+) -> None:
+    window = int(batch.example_index[0])
+    read = sample(batch)[0]
+    stop = q_start + weights.shape[2]
+    picked = read[q_start:stop].nonzero().squeeze(1)
+    length = int(batch.attention_mask[0].sum())
+    rows = weights[0, head, picked, :length].double()
+    if rows.shape[-1] < length:
+        rows = torch.nn.functional.pad(rows, (0, length - rows.shape[-1]))
+    before = store.get(window)
+    if before is None:
+        store[window] = (rows, picked + q_start)
+    else:
+        store[window] = (torch.cat([before[0], rows]), torch.cat([before[1], picked + q_start]))
+
+
+# --- the analysis ---------------------------------------------------------------------------------------------
+
+
+@register
+class QK(Analysis):
+    name = "qk"
+    summary = (
+        "Why each head attends where it does: its attention scores split exactly over the components "
+        "that write its queries and keys (embedding, heads, MLPs), each source's share of its choice, "
+        "and a causal check that removes the top source from the head's key input."
+    )
+    options = QKOptions
+    print_sections = False
+    takes_capture = False
+
+    def check(self, options: QKOptions) -> QKInputs:
+        check_common(options)
+        heads = parse_heads(options.heads)
+        langs = split_names(options.lang) or ["en"]
+        if options.repeat_seq == 1:
+            raise InputError(
+                "--repeat-seq 1: a sequence needs at least 2 copies", hint="use 2 or more, or 0 for text"
+            )
+        if options.repeat_seq and options.eval_text is not None:
+            raise InputError("give --repeat-seq or --eval-text, not both")
+        fit_sources = [] if options.repeat_seq else shipped_sources("fit", langs)
+        if options.eval_text is not None:
+            eval_sources, eval_from = user_text_sources(options.eval_text), str(options.eval_text)
+        else:
+            eval_sources, eval_from = None, "the shipped evaluation split"
+        return QKInputs(heads, fit_sources, eval_sources, eval_from)
+
+    def check_loaded(self, loaded: Any, options: QKOptions) -> None:
+        reason = refusal(loaded)
+        if reason is not None:
+            raise Unsupported(f"qk: {loaded.name} ({loaded.model.config.model_type}): {reason}")
+        layout = loaded.layout
+        for layer, head in parse_heads(options.heads) or []:
+            if not 0 <= layer < layout.n_layers:
+                raise InputError(
+                    f"--heads: L{layer}H{head}: {loaded.name} has layers 0..{layout.n_layers - 1}"
+                )
+            if not 0 <= head < layout.n_heads:
+                raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has heads 0..{layout.n_heads - 1}")
+        if options.repeat_seq:
+            length = options.seq_len * options.repeat_seq + 1
+            check_context(loaded, length, f"--seq-len {options.seq_len} x --repeat-seq {options.repeat_seq}")
+        else:
+            check_context(loaded, options.context + 1, f"--context {options.context} (with BOS)")
+        if options.verify:
+            heads = parse_heads(options.heads)
+            available = len(heads) if heads is not None else layout.n_layers * layout.n_heads
+            if options.verify > available:
+                raise InputError(f"--verify {options.verify}: only {available} heads are explained")
+
+    def run(self, loaded: Any, options: QKOptions, prepared: QKInputs, progress: Any) -> Outcome:
+        report, result, state = qk(loaded, options, prepared, progress)
+        return Outcome(report, state={"qk": result, **state})
+
+    def wants_verify(self, options: QKOptions) -> bool:
+        return options.verify > 0
+
+    def verify(
+        self, loaded: Any, outcome: Outcome, options: QKOptions, progress: Any, k: int | None = None
+    ) -> list[Any]:
+        from headscope.extend.checks import Check
+
+        removals = verify_heads(
+            loaded,
+            outcome.state["qk"],
+            outcome.state,
+            k or options.verify,
+            options.controls,
+            options.seed,
+            options.resamples,
+            progress,
+        )
+        return [Check("qk-key-removal", removals)]
+
+    def json(self, outcome: Outcome) -> dict[str, Any]:
+        out = {"qk": outcome.state["qk"].to_json()}
+        checks = [c.to_json() for c in outcome.checks]
+        if checks:
+            out["verification"] = checks
+        return out
+
+    def present(self, result: Any, console: Any, top: int) -> None:
+        from .qk_present import print_qk
+
+        print_qk(result, console, top)
+
+    def html_section(self, result: Any) -> str | None:
+        from .qk_present import html_section
+
+        found = result.qk
+        return None if found is None else html_section(found)

@@ -1,0 +1,122 @@
+"""How ``qk`` shows itself: the terminal table of each head's sources, the causal check, the HTML section."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+SHOWN = 3  # sources per side in the terminal
+
+
+def _interval(item: dict[str, Any]) -> str:
+    if item.get("ci_low") is None or item.get("ci_high") is None:
+        return ""
+    return f" [{item['ci_low']:.2f}, {item['ci_high']:.2f}]"
+
+
+def source_text(item: dict[str, Any], interval: bool = True) -> str:
+    """``L16H0 (previous-token) 0.71 [0.66, 0.77]``."""
+    role = f" ({item['role']})" if item.get("role") else ""
+    return f"{item['source']}{role} {item['share']:.2f}{_interval(item) if interval else ''}"
+
+
+def reconstructed(entry: dict[str, Any], k: int) -> dict[str, Any] | None:
+    return next((r for r in entry.get("reconstructed", []) if r["k"] == k), None)
+
+
+def ranked(heads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Heads by their top key source's share, largest first; layer 0 last (its only sources are the embedding and biases)."""
+    return sorted(heads, key=lambda e: (e["layer"] == 0, -(e["key"][0]["share"] if e.get("key") else 0.0)))
+
+
+def print_qk(result: Any, console: Any, top: int) -> None:
+    """Per head (the ``top`` with the largest top key share), its top sources on each side."""
+    from rich.markup import escape
+
+    found = result.qk
+    if found is None:
+        return
+    heads = ranked(found.heads)
+    shown = heads[: max(top, 1)]
+    console.print(
+        f"[bold]Why each head attends where it does[/bold] ({escape(found.data)}, "
+        f"{found.windows.get('eval', '?')} evaluation windows): each source's share of the head's "
+        "margin (attention-weighted score minus the mean score over the visible keys)"
+    )
+    for entry in shown:
+        role = f" ({entry['role']})" if entry.get("role") else ""
+        console.print(f"\n[bold]L{entry['layer']}H{entry['head']}[/bold]{escape(role)}")
+        for side, label in (("key", "keys from   "), ("query", "queries from")):
+            items = " · ".join(escape(source_text(item)) for item in entry[side][:SHOWN])
+            console.print(f"  {label} {items}")
+        rebuilt = entry.get("reconstructed") or []
+        if rebuilt:
+            kept = " / ".join(f"{r['explained']:.2f}" for r in rebuilt if r["k"] > 0)
+            ks = "/".join(str(r["k"]) for r in rebuilt if r["k"] > 0)
+            floor = reconstructed(entry, 0)
+            console.print(
+                f"  top {ks} sources each side rebuild {kept} of its attention"
+                + ("" if floor is None else f" (every source at its mean: {floor['explained']:.2f})")
+            )
+    if len(shown) < len(heads):
+        console.print(f"\n{len(heads) - len(shown)} more heads in --csv and --format json (--top shows more)")
+    check = found.check
+    console.print(
+        f"\ndecomposition check: the sources' parts sum to the model's queries and keys to "
+        f"{check.get('score_error', float('nan')):.1e} relative (tolerance {check.get('score_tolerance', 1e-4):g}); "
+        f"softmax of the module's own scores matches its attention to {check.get('attention_error', float('nan')):.1e}"
+    )
+
+
+def print_removals(removals: Any, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="Causal check: the top key source removed from the head's key input only")
+    for column in ("head", "source", "share", "attention moved", "random sources", "ratio [95% CI]"):
+        table.add_column(column)
+    for item in removals.heads:
+        ci = "" if item.ci_low is None else f" [{item.ci_low:.1f}, {item.ci_high:.1f}]"
+        table.add_row(
+            f"L{item.layer}H{item.head}",
+            item.source,
+            f"{item.share:.2f}",
+            f"{item.move:.3f}",
+            f"{item.control_move:.3f} ({len(item.controls)})",
+            f"{item.ratio:.1f}{ci}",
+        )
+    console.print(table)
+
+
+def html_section(found: Any) -> str:
+    """One table row per head with its key and query sources as bars."""
+    rows = []
+    for entry in ranked(found.heads):
+        cells = []
+        for side in ("key", "query"):
+            bars = []
+            for item in entry[side][:5]:
+                width = max(0.0, min(1.0, abs(item["share"]))) * 100
+                colour = "#3b7dd8" if item["share"] >= 0 else "#d8643b"
+                bars.append(
+                    f'<div class="qk-bar"><span class="qk-name">{html.escape(source_text(item, False))}</span>'
+                    f'<span class="qk-fill" style="width:{width:.0f}px;background:{colour}"></span></div>'
+                )
+            cells.append(f"<td>{''.join(bars)}</td>")
+        rebuilt = reconstructed(entry, 3)
+        rows.append(
+            f"<tr><td>L{entry['layer']}H{entry['head']}</td><td>{html.escape(entry.get('role', ''))}</td>"
+            + "".join(cells)
+            + f"<td>{'' if rebuilt is None else format(rebuilt['explained'], '.2f')}</td></tr>"
+        )
+    style = (
+        "<style>.qk-bar{display:flex;gap:6px;align-items:center;font:12px monospace}"
+        ".qk-fill{display:inline-block;height:8px}.qk-name{min-width:16em}</style>"
+    )
+    return (
+        style
+        + f"<h2>Why each head attends where it does</h2><p>{html.escape(found.data)}: each source's share "
+        "of the head's margin (attention-weighted score minus the mean score), evaluation windows.</p>"
+        "<table><tr><th>head</th><th>role</th><th>keys from</th><th>queries from</th><th>top-3 rebuilds</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )

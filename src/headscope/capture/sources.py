@@ -1,0 +1,562 @@
+"""Why a head attends where it does: its attention scores split exactly over the residual stream's sources.
+
+The residual stream entering block ``l`` of a pre-norm transformer is a sum of **sources**:
+
+* ``embed``: block 0's input (the token embedding, Gemma's √d scale and learned positions included);
+* ``LjHm``: head ``m`` of attention layer ``j < l``, its output through its slice of ``W_O`` (and, in
+  Gemma 2/3 and OLMo 2, through the post-attention norm with its statistic frozen);
+* ``mlpj``: everything block ``j < l`` adds besides its attention (its MLP): block ``j+1``'s input
+  minus block ``j``'s input minus its attention write, so the sources sum to the stream exactly;
+* ``bias``: the attention output biases of the blocks below, the pre-attention norm's bias, and the
+  query/key projections' biases.
+
+With each token's normalisation statistic frozen at its actual value (the pre-attention norm, and the
+per-head q/k norms of Gemma 3, OLMo 2 and Qwen 3), the map from a source to its part of a query or a
+key is linear; RoPE is linear at each position. So the pre-softmax score of a head is exactly a sum
+over (query source, key source) pairs: ``s(q, k) = Σ_a Σ_b q_a(q) · k_b(k) · scaling``.
+
+The query/key projections are applied here as matrices (``q_proj``/``k_proj`` weights), and what
+follows them (the reshape into heads, the q/k norms, RoPE, the scaling) is the attention module's own
+code: a float64 copy of the module runs on the projected parts, its q/k norms replaced by their
+frozen-statistic linear maps and its attention function by one that only takes the queries and keys.
+Whatever a family does after the projections, its own code does it; where the parts do not add up
+to the model's own scores (ALiBi, soft-capping, attention sinks, differential attention) the check
+in :meth:`Decomposer.layer` fails and nothing is reported.
+
+:class:`SourceWrites` is the read of a pass that records what the decomposition needs (blocks'
+inputs, attention inputs and call arguments, heads' outputs), and :class:`KeyOnly` in
+:mod:`headscope.capture.edits` removes a source from one layer's key input, the causal check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from headscope.errors import RunFailure, Unsupported
+from headscope.models import anatomy, projections
+
+from .batch import Batch
+from .dla import FrozenNorm, attention_layers, post_norms, residual_parts
+from .hooks import hooked
+
+PROBE_IMPLEMENTATION = "headscope_qk_probe"
+# Source writes kept for one window: sources x tokens x d_model float32. Past this, refuse.
+MAX_SOURCE_BYTES = 3 << 30
+CHUNK_ELEMENTS = 1 << 24  # sources x tokens x d_model per projection chunk (128 MB in float64)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One component that writes into the residual stream."""
+
+    name: str  # "embed", "L3H2", "mlp3", "bias"
+    kind: str  # "embed", "head", "mlp", "bias"
+    layer: int | None = None
+    head: int | None = None
+
+
+def source_names(loaded: Any, layer: int) -> list[Source]:
+    """The sources of block ``layer``'s input, in order: embed, then per block below its heads and
+    its MLP, then bias."""
+    attention = set(attention_layers(loaded))
+    found = [Source("embed", "embed")]
+    for below in range(layer):
+        if below in attention:
+            found += [Source(f"L{below}H{h}", "head", below, h) for h in range(loaded.layout.n_heads)]
+        found.append(Source(f"mlp{below}", "mlp", below))
+    found.append(Source("bias", "bias"))
+    return found
+
+
+def refusal(loaded: Any) -> str | None:
+    """Why this model's scores are not a sum over sources, or None: what the layout shows before any
+    forward pass (the numeric check catches the rest)."""
+    config = anatomy.text_config(loaded.model.config)
+    if getattr(config, "attn_logit_softcapping", None):
+        return "attention logits are soft-capped (tanh), so a score is not a sum over sources"
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", "") == "alibi":
+        return "ALiBi adds a distance bias to every score that no residual source writes"
+    if config.model_type in {"bloom", "mpt"}:
+        return "ALiBi adds a distance bias to every score that no residual source writes"
+    if loaded.layout.non_attention_layers:
+        return "hybrid model: its recurrent or linear-attention layers are not decomposed"
+    blocks = anatomy.blocks(loaded.model)
+    for index in attention_layers(loaded):
+        block = blocks[index]
+        attention = projections.attention_module(block)
+        if hasattr(attention, "lambda_q1"):
+            return "differential attention: a head's map is the difference of two softmaxes"
+        if getattr(attention, "sinks", None) is not None:
+            return "learned attention sinks join every softmax as a key no source writes"
+        if projections.input_norm(block) is None and anatomy.post_attention_norm(block) is None:
+            return (
+                "post-norm blocks (BERT and kin) renormalise the residual stream after every "
+                "sublayer, so it is not a sum of the sublayers' writes"
+            )
+        for name in ("q_proj", "k_proj"):
+            if not isinstance(getattr(attention, name, None), nn.Linear):
+                return (
+                    f"{type(attention).__name__} has no separate {name} Linear; qk reads the query "
+                    "and key projections as matrices"
+                )
+    return None
+
+
+# --- the read: what one pass records ---------------------------------------------------------------
+
+
+@dataclass
+class Recording:
+    """One batch row's recordings: ``x[j]`` block j's input ``[T, D]`` (float32), ``attn[l]`` the
+    attention module's input ``[T, D]`` and its other call arguments, ``heads[j]`` the output
+    projection's input ``[T, H * dv]``."""
+
+    x: dict[int, torch.Tensor]
+    attn: dict[int, tuple[torch.Tensor, dict[str, Any]]]
+    heads: dict[int, torch.Tensor]
+
+
+def _row(value: Any, row: int, batch: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        return value[row : row + 1]
+    if isinstance(value, tuple):
+        return tuple(_row(v, row, batch) for v in value)
+    return value
+
+
+class SourceWrites:
+    """A read of a pass: what :class:`Decomposer` needs for the blocks up to ``last`` and the
+    attention layers ``layers``: each block's input, each of ``layers``' attention module input
+    and call arguments (RoPE's cos/sin), and each attention layer's heads' outputs (the output
+    projection's input). After each batch (``finish``), ``recorded[b]`` is row b's :class:`Recording`.
+    """
+
+    def __init__(self, loaded: Any, layers: Sequence[int]) -> None:
+        self.layers = sorted(set(layers))
+        self.last = max(self.layers)
+        self.blocks = anatomy.blocks(loaded.model)
+        self.attention = {
+            index: projections.attention_module(self.blocks[index]) for index in attention_layers(loaded)
+        }
+        self.outputs = {
+            index: projections.output_module(module)
+            for index, module in self.attention.items()
+            if index < self.last
+        }
+        self.recorded: list[Recording] = []
+        self._x: dict[int, torch.Tensor] = {}
+        self._attn: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
+        self._heads: dict[int, torch.Tensor] = {}
+
+    def begin(self, batch: Batch) -> None:
+        self._x, self._attn, self._heads, self.recorded = {}, {}, {}, []
+
+    @contextlib.contextmanager
+    def hooked(self) -> Iterator[None]:
+        def block_hook(index: int) -> Callable[..., None]:
+            def hook(_module: Any, args: tuple, kwargs: dict) -> None:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                self._x[index] = hidden.detach().float().clone()
+
+            return hook
+
+        def attention_hook(index: int) -> Callable[..., None]:
+            def hook(_module: Any, args: tuple, kwargs: dict) -> None:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                named = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                self._attn[index] = (hidden.detach().clone(), named)
+
+            return hook
+
+        def heads_hook(index: int) -> Callable[..., None]:
+            def hook(_module: Any, args: tuple) -> None:
+                self._heads[index] = args[0].detach().float().clone()
+
+            return hook
+
+        with hooked() as hooks:
+            for index in range(self.last + 1):
+                hooks.before(self.blocks[index], block_hook(index), with_kwargs=True)
+            for index in self.layers:
+                hooks.before(self.attention[index], attention_hook(index), with_kwargs=True)
+            for index, module in self.outputs.items():
+                hooks.before(module, heads_hook(index))
+            yield
+
+    def current(self, row: int) -> Recording:
+        """Batch row ``row``'s recordings so far: during a pass (an ``on_layer_done`` of layer l),
+        everything the decomposition of layer l needs is already there."""
+        rows = next(iter(self._x.values())).shape[0]
+        return Recording(
+            {i: x[row] for i, x in self._x.items()},
+            {
+                i: (h[row], {k: _row(v, row, rows) for k, v in kw.items()})
+                for i, (h, kw) in self._attn.items()
+            },
+            {i: h[row] for i, h in self._heads.items()},
+        )
+
+    def finish(self) -> None:
+        missing = [i for i in range(self.last + 1) if i not in self._x]
+        missing += [i for i in self.layers if i not in self._attn]
+        if missing:
+            raise RunFailure(f"qk: blocks {sorted(set(missing))} were not seen in the forward pass")
+        rows = self._x[0].shape[0]
+        self.recorded = [self.current(b) for b in range(rows)]
+        self._x, self._attn, self._heads = {}, {}, {}
+
+
+# --- the attention module's own code after the projections ----------------------------------------
+
+
+class _Probed(Exception):
+    """Raised by the probe attention function once it has the queries and keys."""
+
+
+@dataclass
+class _Taken:
+    query: torch.Tensor | None = None
+    key: torch.Tensor | None = None
+    scaling: float | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+_TAKEN: ContextVar[_Taken | None] = ContextVar("headscope_qk_taken", default=None)
+_registered = False
+
+
+def probe_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """An attention function that keeps the queries and keys it is given and stops the module."""
+    taken = _TAKEN.get()
+    if taken is None:
+        raise RunFailure("the qk probe attention ran outside a probe")
+    taken.query, taken.key = query, key
+    taken.scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if softcap:
+        taken.extra.append("soft-capped logits")
+    if kwargs.get("s_aux") is not None:
+        taken.extra.append("attention sinks")
+    raise _Probed
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PROBE_IMPLEMENTATION, probe_attention)
+    _registered = True
+
+
+class _Slice(nn.Module):
+    """Stands in for a projection: its output is a slice of the (already projected) input."""
+
+    def __init__(self, start: int, stop: int, zeros: int = 0) -> None:
+        super().__init__()
+        self.start, self.stop, self.zeros = start, stop, zeros
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.zeros:
+            return x.new_zeros(*x.shape[:-1], self.zeros)
+        return x[..., self.start : self.stop]
+
+
+class _FrozenModule(nn.Module):
+    """Stands in for a q/k norm: records its input's statistic on the actual input, then applies the
+    norm with that statistic frozen (a linear map plus the norm's bias)."""
+
+    def __init__(self, norm: FrozenNorm) -> None:
+        super().__init__()
+        self.norm = norm
+        self.scale: torch.Tensor | None = None
+        self.recording = True
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        if self.recording:
+            self.scale = self.norm.scale(y)
+            return self.norm.apply(y)
+        assert self.scale is not None
+        return self.norm.linear(y, self.scale) + self.norm.bias.to(y.device)
+
+
+class Post:
+    """What an attention module does after its query and key projections (reshape, q/k norms, RoPE),
+    run by a float64 copy of the module on projected inputs ``[n, T, q_width + k_width]``."""
+
+    def __init__(self, attention: nn.Module, q_width: int, k_width: int, v_width: int) -> None:
+        _register()
+        module = copy.deepcopy(attention).double()
+        module._forward_hooks.clear()
+        module._forward_pre_hooks.clear()
+        config = copy.copy(module.config)
+        config._attn_implementation = PROBE_IMPLEMENTATION
+        module.config = config
+        module.q_proj = _Slice(0, q_width)
+        module.k_proj = _Slice(q_width, q_width + k_width)
+        module.v_proj = _Slice(0, 0, zeros=v_width)
+        self.norms: list[_FrozenModule] = []
+        for name, child in list(module.named_children()):
+            if name not in ("q_proj", "k_proj", "v_proj") and anatomy.is_norm(child):
+                frozen = _FrozenModule(FrozenNorm.of(child, f"{name} of {type(attention).__name__}"))
+                setattr(module, name, frozen)
+                self.norms.append(frozen)
+        self.module = module
+        self.kwargs: dict[str, Any] = {}
+
+    def record(
+        self, projected: torch.Tensor, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The queries and keys of the actual projected input ``[1, T, w]``; freezes the q/k norms."""
+        keep = {"position_embeddings", "position_ids", "cache_position"}
+        self.kwargs = {
+            k: _double(v) for k, v in kwargs.items() if k in keep or not isinstance(v, torch.Tensor | tuple)
+        }
+        self.kwargs.pop("past_key_values", None)
+        self.kwargs.pop("cache", None)
+        self.kwargs.pop("attention_mask", None)
+        for norm in self.norms:
+            norm.recording = True
+        taken = self._run(projected)
+        for norm in self.norms:
+            norm.recording = False
+        if taken.extra:
+            raise Unsupported(f"qk: the attention function was given {' and '.join(taken.extra)}")
+        assert taken.query is not None and taken.key is not None and taken.scaling is not None
+        return taken.query, taken.key, float(taken.scaling)
+
+    def __call__(self, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries ``[n, H, T, d]`` and keys ``[n, KV, T, d]`` of projected parts ``[n, T, w]``
+        (frozen norms; affine: subtract the call on zeros for a linear part)."""
+        taken = self._run(projected)
+        assert taken.query is not None and taken.key is not None
+        return taken.query, taken.key
+
+    def _run(self, projected: torch.Tensor) -> _Taken:
+        taken = _Taken()
+        token = _TAKEN.set(taken)
+        try:
+            self.module(hidden_states=projected, attention_mask=None, **self.kwargs)
+        except _Probed:
+            pass
+        finally:
+            _TAKEN.reset(token)
+        if taken.query is None:
+            raise Unsupported("qk: the attention module never called its attention function")
+        return taken
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, tuple):
+        return tuple(_double(v) for v in value)
+    return value
+
+
+# --- the decomposition --------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerParts:
+    """One window's decomposition at one attention layer.
+
+    ``query``/``key``: the actual queries at the read rows ``[H, R, d]`` and keys ``[KV, T, d]``
+    (float64, from the module's own code); ``scaling``; ``sources``. ``q_parts(chunk)`` and
+    ``k_parts(chunk)`` are yielded chunk by chunk by :meth:`Decomposer.parts`.
+    """
+
+    layer: int
+    rows: torch.Tensor  # [R] the query positions read
+    query: torch.Tensor  # [H, R, d]
+    key: torch.Tensor  # [KV, T, d]
+    scaling: float
+    sources: list[Source]
+
+
+class Decomposer:
+    """The decomposition of one layer's scores over its sources, for one recorded window."""
+
+    def __init__(self, loaded: Any, layer: int) -> None:
+        reason = refusal(loaded)
+        if reason is not None:
+            raise Unsupported(f"qk: {loaded.name}: {reason}")
+        self.loaded = loaded
+        self.layer = layer
+        model = loaded.model
+        blocks = anatomy.blocks(model)
+        attention = projections.attention_module(blocks[layer])
+        norm = projections.input_norm(blocks[layer])
+        self.norm = FrozenNorm.of(norm, f"input norm of layer {layer}") if norm is not None else None
+        self.w_q = attention.q_proj.weight.detach().double()  # [H*d, D]
+        self.b_q = _bias(attention.q_proj)
+        self.w_k = attention.k_proj.weight.detach().double()  # [KV*d, D]
+        self.b_k = _bias(attention.k_proj)
+        v_width = projections.value_path(attention, anatomy.text_config(model.config)).kv_heads
+        v_width *= projections.value_path(attention, anatomy.text_config(model.config)).head_dim
+        self.post = Post(attention, self.w_q.shape[0], self.w_k.shape[0], v_width)
+        self.sources = source_names(loaded, layer)
+        layers = [j for j in attention_layers(loaded) if j < layer]
+        self.w_o = {
+            j: projections.output_projection(projections.attention_module(blocks[j]), loaded.layout.n_heads)
+            for j in layers
+        }
+        self.post_norms = post_norms(loaded, layers)
+        self.multiplier = anatomy.residual_multiplier(model.config)
+
+    # the residual sources, as [T, D] float64 writes
+    def writes(self, recording: Recording) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each source's write ``[T, D]`` (the sources but ``bias``) and the bias ``[T, D]``, float64;
+        they sum to block ``layer``'s input exactly."""
+        x = {j: recording.x[j].double() for j in range(self.layer + 1)}
+        out = [x[0]]
+        bias = torch.zeros_like(x[0])
+        for j in range(self.layer):
+            if j in self.w_o:
+                w_o, b_o = self.w_o[j]
+                heads = recording.heads[j].double()
+                heads = heads.reshape(heads.shape[0], w_o.shape[0], -1)  # [T, H, dv]
+                each = torch.einsum("thd,hde->the", heads, w_o.double().to(heads.device))
+                b = (
+                    b_o.detach().double().to(heads.device).expand(heads.shape[0], -1)
+                    if b_o is not None
+                    else torch.zeros_like(x[0])
+                )
+                each, b = residual_parts(each, b, self.post_norms.get(j), self.multiplier)
+                out += list(each.unbind(1))
+                bias = bias + b
+                attention_write = each.sum(1) + b
+            else:
+                attention_write = torch.zeros_like(x[0])
+            out.append(x[j + 1] - x[j] - attention_write)
+        return out, bias
+
+    def _normed(self, parts: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        if self.norm is None:
+            return parts
+        assert scale is not None
+        return self.norm.linear(parts, scale)
+
+    def decompose(
+        self, recording: Recording, rows: torch.Tensor, means_from: int = 1
+    ) -> Iterator[tuple[LayerParts, list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield, chunk by chunk of sources: ``(parts, indices, q [c, H, R, d], k [c, KV, T, d],
+        q_mean, k_mean)``: each source's part of the queries at ``rows`` and of every key, and the
+        same with its write replaced by its mean over positions ``>= means_from`` (position 0 keeps
+        its actual write: the first token's residual is atypical, and most heads rest on it).
+        The first yield's ``parts`` carries the actual queries and keys; the parts of every chunk,
+        with the bias part (last index), sum to them.
+        """
+        writes, bias = self.writes(recording)
+        x = recording.x[self.layer].double()
+        length = x.shape[0]
+        scale = self.norm.scale(x) if self.norm is not None else None
+        actual_in, kwargs = recording.attn[self.layer]
+        q_width = self.w_q.shape[0]
+        query, key, scaling = self.post.record(self._project(actual_in.double()[None], None)[0:1], kwargs)
+        zero_q, zero_k = self.post(torch.zeros(1, length, q_width + self.w_k.shape[0], dtype=torch.float64))
+        parts = LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
+        # Check the sum of the writes against the block's input before anything else.
+        total = torch.stack(writes).sum(0) + bias
+        error = float((total - x).abs().max() / x.abs().max().clamp(min=1e-30))
+        if error > 1e-5:
+            raise Unsupported(
+                f"qk: layer {self.layer}: the sources do not sum to the residual stream "
+                f"(relative error {error:.1e})"
+            )
+        count = len(writes)
+        chunk = max(1, CHUNK_ELEMENTS // max(1, length * x.shape[1]))
+        for start in range(0, count + 1, chunk):
+            indices = list(range(start, min(count + 1, start + chunk)))
+            stack = []
+            for i in indices:
+                stack.append(writes[i] if i < count else bias)
+            src = torch.stack(stack)  # [c, T, D]
+            is_bias = [i == count for i in indices]
+            normed = self._normed(src, scale)
+            mean = src.clone()
+            if length > means_from:
+                mean[:, means_from:] = src[:, means_from:].mean(1, keepdim=True)
+            normed_mean = self._normed(mean, scale)
+            if any(is_bias) and self.norm is not None:
+                b_index = is_bias.index(True)
+                normed[b_index] = normed[b_index] + self.norm.bias.to(normed.device)
+                normed_mean[b_index] = normed_mean[b_index] + self.norm.bias.to(normed.device)
+            q, k = self._parts(normed, rows, is_bias, zero_q, zero_k)
+            q_mean, k_mean = self._parts(normed_mean, rows, is_bias, zero_q, zero_k)
+            yield parts, indices, q, k, q_mean, k_mean
+
+    def _project(
+        self, normed: torch.Tensor, rows: torch.Tensor | None, bias: Sequence[bool] = ()
+    ) -> torch.Tensor:
+        """Projected parts ``[c, T, q_width + k_width]``: the queries only at ``rows`` (zeros elsewhere),
+        with the projections' biases on the rows of ``bias`` (all rows when ``bias`` is empty)."""
+        c, length, _ = normed.shape
+        q_width, k_width = self.w_q.shape[0], self.w_k.shape[0]
+        out = torch.zeros(c, length, q_width + k_width, dtype=torch.float64)
+        source = normed if rows is None else normed[:, rows]
+        q = source @ self.w_q.T
+        k = normed @ self.w_k.T
+        add = list(bias) if bias else [True] * c
+        for i, yes in enumerate(add):
+            if yes:
+                if self.b_q is not None:
+                    q[i] += self.b_q
+                if self.b_k is not None:
+                    k[i] += self.b_k
+        if rows is None:
+            out[..., :q_width] = q
+        else:
+            out[:, rows, :q_width] = q
+        out[..., q_width:] = k
+        return out
+
+    def _parts(
+        self,
+        normed: torch.Tensor,
+        rows: torch.Tensor,
+        is_bias: Sequence[bool],
+        zero_q: torch.Tensor,
+        zero_k: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = self.post(self._project(normed, rows, is_bias))
+        linear = torch.tensor([not b for b in is_bias])
+        # The module after the projections is affine (frozen norms' biases): a source's part is its
+        # call minus the call on zeros; the bias source keeps the constant.
+        q = q - zero_q * linear[:, None, None, None]
+        k = k - zero_k * linear[:, None, None, None]
+        return q[:, :, rows], k
+
+
+def _bias(proj: nn.Linear) -> torch.Tensor | None:
+    return proj.bias.detach().double() if proj.bias is not None else None
+
+
+__all__ = [
+    "MAX_SOURCE_BYTES",
+    "Decomposer",
+    "LayerParts",
+    "Recording",
+    "Source",
+    "SourceWrites",
+    "refusal",
+    "source_names",
+]
