@@ -386,6 +386,32 @@ def describe(
 ) -> Result:
     """Every head's attention as a short mixture of named patterns (templates), fitted on one split of the texts and measured on another: what each head looks at, and how much that explains."""
 
+def qk(
+    model: Any = ...,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    progress: bool | Callable | None = None,
+    profile: bool = False,
+    resamples: int = 1000,
+    seed: int = 0,
+    heads: str | None = None,
+    context: int = 256,
+    lang: str = "en",
+    eval_text: Path | None = None,
+    repeat_seq: int = 0,
+    seq_len: int = 50,
+    windows: int = 6,
+    rows: int = 64,
+    verify: int = 0,
+    controls: int = 5,
+) -> Result:
+    """Why each head attends where it does: its attention scores split exactly over the components that write its queries and keys (embedding, heads, MLPs), each source's share of its choice, and a causal check that removes the top source from the head's key input."""
+
 __all__ = [
     "Analysis",
     "Check",
@@ -412,6 +438,7 @@ __all__ = [
     "load",
     "option",
     "plan",
+    "qk",
     "register",
     "retrieval",
     "run",
