@@ -45,6 +45,7 @@ from headscope.extend.base import (
 from headscope.extend.protocol import (
     Analysis,
     Outcome,
+    Output,
     Stats,
     check_common,
     option,
@@ -566,61 +567,111 @@ def _summarise(
     return out
 
 
-def tidy_rows(model: str, heads: list[dict[str, Any]], listed: int = LISTED) -> pd.DataFrame:
-    """One row per (head, side, source) in the project's CSV columns: ``detector`` qk, ``relation``
-    the side, ``direction`` the source, ``score`` its share, ``baseline`` the weight-only composition
-    score (K- on the key side, Q- on the query side; heads only), ``rank`` its rank on that side. The
-    ``listed`` largest by |share| each; the others are summed as one ``rest`` row, so a head's rows
-    on a side sum to 1."""
+SOURCE_COLUMNS = [
+    "model",
+    "layer",
+    "head",
+    "kv_group",
+    "side",
+    "source",
+    "kind",
+    "role",
+    "share",
+    "ci_low",
+    "ci_high",
+    "n",
+    "rank",
+    "composition",
+]
+
+
+def sources_table(model: str, heads: list[dict[str, Any]], listed: int | None = None) -> pd.DataFrame:
+    """One row per (head, side, source): the source's kind and role (from this run's detectors),
+    its share with its interval, ``n`` evaluation windows, its rank on that side, and the
+    weight-only composition score (K- on the key side, Q- on the query side; heads only). With
+    ``listed``, the largest ``listed`` by |share| per (head, side) and one ``rest`` row summing the
+    others, so a head's rows on a side still sum to 1."""
     records = []
     for entry in heads:
         for side in SIDES:
             rows = entry[side]
-            for rank, item in enumerate(rows[:listed], start=1):
+            shown = rows if listed is None else rows[:listed]
+            for rank, item in enumerate(shown, start=1):
                 records.append(
                     {
                         "model": model,
-                        "detector": "qk",
-                        "relation": side,
-                        "direction": item["source"],
                         "layer": entry["layer"],
                         "head": entry["head"],
                         "kv_group": entry["kv_group"],
-                        "score": item["share"],
-                        "baseline": item["composition"],
+                        "side": side,
+                        "source": item["source"],
+                        "kind": item["kind"],
+                        "role": item["role"],
+                        "share": item["share"],
                         "ci_low": item["ci_low"],
                         "ci_high": item["ci_high"],
                         "n": entry["windows"],
                         "rank": rank,
-                        "role": item["role"],
-                        "data": "qk",
+                        "composition": item["composition"],
                     }
                 )
-            rest = rows[listed:]
+            rest = rows[len(shown) :]
             if rest:
                 records.append(
                     {
                         "model": model,
-                        "detector": "qk",
-                        "relation": side,
-                        "direction": "rest",
                         "layer": entry["layer"],
                         "head": entry["head"],
                         "kv_group": entry["kv_group"],
-                        "score": float(sum(item["share"] for item in rest)),
-                        "baseline": None,
-                        "ci_low": None,
-                        "ci_high": None,
-                        "n": entry["windows"],
-                        "rank": None,
+                        "side": side,
+                        "source": "rest",
+                        "kind": "rest",
                         "role": "",
-                        "data": "qk",
+                        "share": float(sum(item["share"] for item in rest)),
+                        "n": entry["windows"],
                     }
                 )
-    table = pd.DataFrame.from_records(records, columns=CSV_COLUMNS)
-    for column in HIDDEN_COLUMNS:
+    return pd.DataFrame.from_records(records, columns=SOURCE_COLUMNS)
+
+
+def tidy_rows(model: str, heads: list[dict[str, Any]], listed: int = LISTED) -> pd.DataFrame:
+    """The report's table in the project's CSV columns (``--csv``): ``detector`` qk, ``relation``
+    the side, ``direction`` the source, ``score`` its share, ``baseline`` the composition score,
+    ``rank`` its rank on that side; ``role`` stays empty (the column is the row's head's role, and qk
+    assigns none; the sources' roles are in ``--sources`` and the JSON)."""
+    sources = sources_table(model, heads, listed)
+    table = pd.DataFrame(
+        {
+            "model": sources["model"],
+            "detector": "qk",
+            "relation": sources["side"],
+            "direction": sources["source"],
+            "layer": sources["layer"],
+            "head": sources["head"],
+            "kv_group": sources["kv_group"],
+            "score": sources["share"],
+            "baseline": sources["composition"],
+            "ci_low": sources["ci_low"],
+            "ci_high": sources["ci_high"],
+            "n": sources["n"],
+            "rank": sources["rank"],
+            "role": "",
+            "data": "qk",
+        },
+        columns=CSV_COLUMNS,
+    )
+    for column in [*HIDDEN_COLUMNS, "p_adj", "strength"]:
         table[column] = np.nan
     return table
+
+
+def write_sources(result: Any, path: Path, force: bool) -> str:
+    """``--sources``: every (head, side, source) row, as :func:`sources_table`."""
+    from headscope import files
+
+    found = result.qk
+    text = sources_table(result.model, found.heads).to_csv(index=False)
+    return str(files.write_atomic(path, text, "--sources", force))
 
 
 def _roles(
@@ -895,6 +946,15 @@ class QK(Analysis):
     options = QKOptions
     print_sections = False
     takes_capture = False
+    outputs = (
+        Output(
+            "--sources",
+            "Write one row per (head, side, source) to this CSV (atomic): model, layer, head, kv_group, "
+            "side, source, kind, role, share, ci_low, ci_high, n, rank, composition.",
+            write_sources,
+            first=True,
+        ),
+    )
 
     def check(self, options: QKOptions) -> QKInputs:
         check_common(options)
@@ -925,16 +985,16 @@ class QK(Analysis):
                 )
             if not 0 <= head < layout.n_heads:
                 raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has heads 0..{layout.n_heads - 1}")
-        if options.repeat_seq:
-            length = options.seq_len * options.repeat_seq + 1
-            check_context(loaded, length, f"--seq-len {options.seq_len} x --repeat-seq {options.repeat_seq}")
-        else:
-            check_context(loaded, options.context + 1, f"--context {options.context} (with BOS)")
         if options.verify:
             heads = parse_heads(options.heads)
             available = len(heads) if heads is not None else layout.n_layers * layout.n_heads
             if options.verify > available:
                 raise InputError(f"--verify {options.verify}: only {available} heads are explained")
+        if options.repeat_seq:
+            length = options.seq_len * options.repeat_seq + 1
+            check_context(loaded, length, f"--seq-len {options.seq_len} x --repeat-seq {options.repeat_seq}")
+        else:
+            check_context(loaded, options.context + 1, f"--context {options.context} (with BOS)")
 
     def run(self, loaded: Any, options: QKOptions, prepared: QKInputs, progress: Any) -> Outcome:
         report, result, state = qk(loaded, options, prepared, progress)

@@ -1,0 +1,189 @@
+"""qk: every head's scores split exactly over its sources, tested on the trained toy (a previous-token
+head in layer 0 feeding induction heads in layer 1), a planted version of it, tiny random models of
+other families, the key-only edit, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TOY_DIR
+from tiny_models import tiny_bert, tiny_gemma, tiny_gpt2, tiny_llama
+from typer.testing import CliRunner
+
+import headscope as hs
+from headscope import capture
+from headscope.capture import Attention, Pass
+from headscope.capture.edits import KeyOnly
+from headscope.capture.sources import SourceWrites, source_names
+from headscope.cli import app
+from headscope.errors import InputError, Unsupported
+from headscope.extend.base import RepeatSpec, model_batches, repeated_tokens
+from headscope.models import load
+
+PREVIOUS_TOKEN_HEADS = ("L0H1", "L0H2", "L0H3")  # the toy's, by ground_truth.json (0.95, 0.45, 0.62)
+
+
+def shares(entry: dict, side: str) -> dict[str, float]:
+    return {item["source"]: item["share"] for item in entry[side]}
+
+
+@pytest.fixture(scope="module")
+def toy_qk(toy):
+    return hs.qk(toy, repeat_seq=2, seq_len=20, windows=5, rows=0, resamples=200, verify=2, controls=3)
+
+
+def test_toy_induction_heads_take_their_keys_from_the_previous_token_heads(toy_qk):
+    found = toy_qk.qk
+    assert found.check["score_error"] < 1e-6 and found.check["attention_error"] < 1e-5
+    for head in range(4):
+        entry = found.head(1, head)
+        assert entry["role"] == "induction"
+        key = entry["key"][0]
+        assert key["source"] == "L0H1" and key["role"] == "previous-token"
+        assert key["ci_low"] is not None and key["ci_low"] > 0.3
+        by_source = shares(entry, "key")
+        assert sum(by_source[name] for name in PREVIOUS_TOKEN_HEADS) >= 0.8
+        assert entry["query"][0]["source"] == "embed" and entry["query"][0]["share"] >= 0.7
+        for side in ("key", "query"):  # a side's shares sum to 1 exactly
+            # to the decomposition's own error (the margin is the model's; the parts are sources')
+            assert sum(shares(entry, side).values()) == pytest.approx(1.0, abs=1e-6)
+        rebuilt = {r["k"]: r["explained"] for r in entry["reconstructed"]}
+        assert rebuilt[30] == pytest.approx(1.0, abs=1e-6)  # every source kept: the model itself
+        assert rebuilt[0] < 0.4 < rebuilt[3]  # the top 3 sources carry the pattern; the means do not
+
+
+def test_layer_0_reads_only_the_embedding(toy_qk, toy):
+    assert [s.name for s in source_names(toy, 0)] == ["embed", "bias"]
+    assert [s.name for s in source_names(toy, 1)] == ["embed", "L0H0", "L0H1", "L0H2", "L0H3", "mlp0", "bias"]
+    for head in range(4):
+        entry = toy_qk.qk.head(0, head)
+        assert entry["key"][0]["source"] == "embed" and entry["key"][0]["share"] == pytest.approx(1.0)
+
+
+def test_removing_the_top_key_source_moves_the_head_more_than_random_sources(toy_qk):
+    (check,) = toy_qk.checks
+    removals = check.value.heads
+    assert len(removals) == 2
+    for removal in removals:
+        assert removal.layer == 1 and removal.source == "L0H1"
+        assert removal.ci_low is not None and removal.ci_low > 1.5  # measured 2.2-3.0
+        assert removal.move > removal.control_move
+
+
+def test_tidy_rows_sum_to_one_per_head_and_side(toy_qk):
+    table = toy_qk.table
+    assert set(table["detector"]) == {"qk"} and set(table["relation"]) == {"key", "query"}
+    sums = table.groupby(["layer", "head", "relation"])["score"].sum()
+    assert (sums - 1.0).abs().max() < 1e-6
+    assert set(table["role"]) == {""} and toy_qk.roles["role"].eq("").all()  # qk assigns no roles
+    saved = hs.Result.from_json(toy_qk.to_json())
+    assert saved.qk.head(1, 0)["key"][0]["source"] == "L0H1"
+
+
+def test_planted_circuit_one_previous_token_head_feeds_the_induction_heads():
+    """The toy with layer 0's other heads silenced (their output projections zeroed): L0H1 alone
+    writes the previous token, and every induction head's keys come from it."""
+    planted = load(str(TOY_DIR))
+    with torch.no_grad():
+        weight = planted.model.model.layers[0].self_attn.o_proj.weight
+        for head in (0, 2, 3):
+            weight[:, head * 16 : (head + 1) * 16] = 0
+    found = hs.qk(planted, heads="L1H0,L1H1,L1H2,L1H3", repeat_seq=2, seq_len=20, windows=5, rows=0).qk
+    for head in range(4):
+        entry = found.head(1, head)
+        assert entry["key"][0]["source"] == "L0H1" and entry["key"][0]["share"] >= 0.8  # measured 0.92
+        assert entry["query"][0]["source"] == "embed" and entry["query"][0]["share"] >= 0.9
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gemma], ids=["llama-gqa-biases", "gemma3-qk-norms-mqa"])
+def test_the_parts_sum_to_the_models_own_scores(build):
+    """GQA with projection biases and random norm gains (Llama); q/k norms, post-attention norms,
+    sliding windows and MQA (Gemma 3): the sum over sources is the module's own queries and keys."""
+    found = hs.qk(build(), repeat_seq=2, seq_len=8, windows=2, rows=0, resamples=0).qk
+    assert found.check["score_error"] < 1e-6
+    assert found.check["attention_error"] < 1e-5
+    entry = found.head(2, 0)
+    assert sum(shares(entry, "key").values()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_families_without_a_decomposition_are_refused_before_any_pass():
+    with pytest.raises(Unsupported, match="post-norm"):
+        hs.qk(tiny_bert(), repeat_seq=2, seq_len=8, windows=2)
+    with pytest.raises(Unsupported, match="separate q_proj"):
+        hs.qk(tiny_gpt2(), repeat_seq=2, seq_len=8, windows=2)
+
+
+def _batches(loaded, n=2):
+    sequences, specials, _ = repeated_tokens(loaded, RepeatSpec(seq_len=10, repeats=2, n_seqs=n, seed=0))
+    return model_batches(loaded, sequences, specials, 1)
+
+
+def _layer_maps(loaded, batches, edits=()):
+    maps = {}
+
+    def keep(layer, weights, batch, q_start):
+        maps.setdefault(layer, []).append(weights.clone())
+
+    capture.run(loaded, batches, Pass(reads=[Attention(keep)], edits=list(edits)))
+    return {layer: torch.cat(w, 2) for layer, w in maps.items()}
+
+
+def test_key_only_edit_changes_only_that_layers_keys(toy):
+    batches = _batches(toy, 1)
+    clean = _layer_maps(toy, batches)
+    length = batches[0].input_ids.shape[1]
+    nothing = _layer_maps(toy, batches, [KeyOnly(1, lambda b: torch.zeros(1, length, 64))])
+    assert torch.equal(nothing[1], clean[1])
+    # Remove the whole stream from layer 1's key input: its keys are zero (RMSNorm of 0, no bias),
+    # so every query spreads evenly over the keys it sees, while layer 0 is untouched.
+    recorder = SourceWrites(toy, [1])
+    # Every row exact in both passes (the same kernels), so the stream recorded is the edited pass's.
+    capture.run(toy, batches, Pass(reads=[recorder, Attention(lambda *args: None)]))
+    stream = recorder.recorded[0].x[1][None]
+    emptied = _layer_maps(toy, batches, [KeyOnly(1, lambda b: stream)])
+    assert torch.equal(emptied[0], clean[0])
+    uniform = torch.tril(torch.ones(length, length)) / torch.arange(1, length + 1)[:, None]
+    assert torch.allclose(emptied[1][0], uniform.expand(4, -1, -1), atol=1e-6)
+    assert all(len(m._forward_pre_hooks) == 0 for m in toy.model.modules())
+
+
+def test_key_only_needs_a_separate_key_projection():
+    gpt2 = tiny_gpt2()
+    with pytest.raises(InputError, match="KeyOnly"):
+        _layer_maps(gpt2, _batches(gpt2, 1), [KeyOnly(1, lambda b: torch.zeros(1))])
+
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--heads", "L9H0"], "--heads: L9H0"),
+        (["--heads", "x"], "is not a head name"),
+        (["--heads", "L1H0,L1H0"], "named twice"),
+        (["--repeat-seq", "1"], "at least 2 copies"),
+        (["--lang", "en,en"], "named twice"),
+        (["--verify", "3", "--heads", "L1H0"], "only 1 heads"),
+    ],
+)
+def test_bad_options_give_one_line(args, needle):
+    result = runner.invoke(app, ["qk", str(TOY_DIR), *args], catch_exceptions=False)
+    assert result.exit_code == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr.replace("\n", " ")
+
+
+def test_the_command_prints_each_heads_sources(tmp_path):
+    out = tmp_path / "qk.csv"
+    result = runner.invoke(
+        app,
+        ["qk", str(TOY_DIR), "--repeat-seq", "2", "--seq-len", "12", "--windows", "5", "--top", "2"]
+        + ["--resamples", "200", "--csv", str(out)],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "keys from" in result.stdout and "L0H1 (previous-token)" in result.stdout
+    assert "decomposition check" in result.stdout
+    header = out.read_text().splitlines()[0]
+    assert header.startswith("model,detector,relation,direction,layer,head,kv_group,score")
