@@ -492,16 +492,12 @@ class Decomposer:
             src = torch.stack(stack)  # [c, T, D]
             is_bias = [i == count for i in indices]
             normed = self._normed(src, scale)
-            mean = src.clone()
-            if length > means_from:
-                mean[:, means_from:] = src[:, means_from:].mean(1, keepdim=True)
-            normed_mean = self._normed(mean, scale)
             if any(is_bias) and self.norm is not None:
-                b_index = is_bias.index(True)
-                normed[b_index] = normed[b_index] + self.norm.bias.to(normed.device)
-                normed_mean[b_index] = normed_mean[b_index] + self.norm.bias.to(normed.device)
-            q, k = self._parts(normed, rows, is_bias, zero_q, zero_k)
-            q_mean, k_mean = self._parts(normed_mean, rows, is_bias, zero_q, zero_k)
+                normed[is_bias.index(True)] += self.norm.bias.to(normed.device)
+            projected = self._project(normed, rows, is_bias)
+            mean = self._mean_projected(src, projected, scale, is_bias, means_from)
+            q, k = self._parts(projected, rows, is_bias, zero_q, zero_k)
+            q_mean, k_mean = self._parts(mean, rows, is_bias, zero_q, zero_k)
             yield parts, indices, q, k, q_mean, k_mean
 
     def _project(
@@ -529,15 +525,44 @@ class Decomposer:
         out[..., q_width:] = k
         return out
 
+    def _mean_projected(
+        self,
+        src: torch.Tensor,
+        projected: torch.Tensor,
+        scale: torch.Tensor | None,
+        is_bias: Sequence[bool],
+        means_from: int,
+    ) -> torch.Tensor:
+        """``projected`` with each source's write replaced by its mean over positions >= ``means_from``.
+        Per position the map is linear up to the frozen statistic: the mean's projection is one
+        projection of the mean, divided by each position's statistic (plus the constant terms for
+        the bias source)."""
+        mean = projected.clone()
+        length = src.shape[1]
+        if length <= means_from:
+            return mean
+        average = src[:, means_from:].mean(1, keepdim=True)  # [c, 1, D]
+        ones = torch.ones(1, dtype=torch.float64)
+        unit = self._normed(average, ones) if self.norm is not None else average
+        once = self._project(unit, None, [False] * len(is_bias))  # [c, 1, w]
+        inverse = (1.0 / scale[means_from:]) if scale is not None else torch.ones(length - means_from)
+        mean[:, means_from:] = once * inverse.to(torch.float64)[None, :, None]
+        if any(is_bias):
+            constant = torch.zeros(1, 1, src.shape[-1], dtype=torch.float64)
+            if self.norm is not None:
+                constant[0, 0] = self.norm.bias
+            mean[is_bias.index(True), means_from:] += self._project(constant, None, [True])[0, 0]
+        return mean
+
     def _parts(
         self,
-        normed: torch.Tensor,
+        projected: torch.Tensor,
         rows: torch.Tensor,
         is_bias: Sequence[bool],
         zero_q: torch.Tensor,
         zero_k: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = self.post(self._project(normed, rows, is_bias))
+        q, k = self.post(projected)
         linear = torch.tensor([not b for b in is_bias])
         # The module after the projections is affine (frozen norms' biases): a source's part is its
         # call minus the call on zeros; the bias source keeps the constant.
