@@ -242,9 +242,31 @@ def test_layernorm_centring_folds_on_both_sides():
             assert pair == pytest.approx(want, abs=1e-6), (dest, src)
 
 
-def test_fused_projections_are_unsupported():
-    with pytest.raises(Unsupported, match="fused"):
-        composition_scores(tiny_gpt2(), [(1, 0)])
+def test_fused_gpt2_projections_match_dense_computation():
+    """GPT-2's c_attn (Conv1D, q | k | v) read through qk's layout, LayerNorm centring folded on both sides."""
+    loaded = tiny_gpt2()
+    blocks, heads, d_model = loaded.model.transformer.h, loaded.layout.n_heads, loaded.layout.d_model
+    d = d_model // heads
+    centre = torch.eye(d_model, dtype=torch.float64) - 1.0 / d_model
+    circuits = {}
+    for layer, block in enumerate(blocks):
+        fused = block.attn.c_attn.weight.detach().double()  # [D, 3D], x @ W
+        out = block.attn.c_proj.weight.detach().double()  # [D, D], x @ W
+        gain = torch.diag(block.ln_1.weight.detach().double())
+        for head in range(heads):
+            cols = slice(head * d, (head + 1) * d)
+            w_q = centre @ gain @ fused[:, :d_model][:, cols]
+            w_k = centre @ gain @ fused[:, d_model : 2 * d_model][:, cols]
+            w_v = fused[:, 2 * d_model :][:, cols]
+            circuits[(layer, head)] = (w_v @ out[cols] @ centre, w_q @ w_k.T)
+    got = composition_scores(loaded, all_heads(loaded))
+    for dest, (_, qk) in circuits.items():
+        for src, (ov, _) in circuits.items():
+            if src[0] >= dest[0]:
+                continue
+            scale = torch.linalg.norm(ov) * torch.linalg.norm(qk)
+            want = (float(torch.linalg.norm(ov @ qk) / scale), float(torch.linalg.norm(ov @ qk.T) / scale))
+            assert got[dest][src] == pytest.approx(want, abs=1e-6), (dest, src)
 
 
 def test_bad_destination_is_refused():

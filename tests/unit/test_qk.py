@@ -95,10 +95,15 @@ def test_planted_circuit_one_previous_token_head_feeds_the_induction_heads():
         assert entry["query"][0]["source"] == "embed" and entry["query"][0]["share"] >= 0.9
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_gemma], ids=["llama-gqa-biases", "gemma3-qk-norms-mqa"])
+@pytest.mark.parametrize(
+    "build",
+    [tiny_llama, tiny_gemma, tiny_gpt2],
+    ids=["llama-gqa-biases", "gemma3-qk-norms-mqa", "gpt2-fused-layernorm"],
+)
 def test_the_parts_sum_to_the_models_own_scores(build):
     """GQA with projection biases and random norm gains (Llama); q/k norms, post-attention norms,
-    sliding windows and MQA (Gemma 3): the sum over sources is the module's own queries and keys."""
+    sliding windows and MQA (Gemma 3); a fused q|k|v Conv1D, LayerNorm's centring and bias, learned
+    positions (GPT-2): the sum over sources is the module's own queries and keys."""
     found = hs.qk(build(), repeat_seq=2, seq_len=8, windows=2, rows=0, resamples=0).qk
     assert found.check["score_error"] < 1e-6
     assert found.check["attention_error"] < 1e-5
@@ -109,8 +114,6 @@ def test_the_parts_sum_to_the_models_own_scores(build):
 def test_families_without_a_decomposition_are_refused_before_any_pass():
     with pytest.raises(Unsupported, match="post-norm"):
         hs.qk(tiny_bert(), repeat_seq=2, seq_len=8, windows=2)
-    with pytest.raises(Unsupported, match="separate q_proj"):
-        hs.qk(tiny_gpt2(), repeat_seq=2, seq_len=8, windows=2)
 
 
 def _batches(loaded, n=2):

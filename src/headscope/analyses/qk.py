@@ -33,7 +33,7 @@ from headscope.capture import Attention, Pass
 from headscope.capture.edits import KeyOnly
 from headscope.capture.sources import Decomposer, Source, SourceWrites, refusal, source_names
 from headscope.detectors import create as create_detectors
-from headscope.errors import InputError, Unsupported
+from headscope.errors import HeadscopeError, InputError, Unsupported
 from headscope.extend.base import (
     RepeatSpec,
     Report,
@@ -694,7 +694,7 @@ def _composition(loaded: Any, heads: list[tuple[int, int]]) -> tuple[dict[Any, A
         return {}, "weight-only composition scores are not available"
     try:
         return composition_scores(loaded, heads), None
-    except Unsupported as exc:
+    except HeadscopeError as exc:  # a layout the weights cannot be read from: said in a note
         return {}, f"weight-only composition scores: {exc}"
 
 

@@ -101,13 +101,69 @@ def refusal(loaded: Any) -> str | None:
                 "post-norm blocks (BERT and kin) renormalise the residual stream after every "
                 "sublayer, so it is not a sum of the sublayers' writes"
             )
-        for name in ("q_proj", "k_proj"):
-            if not isinstance(getattr(attention, name, None), nn.Linear):
-                return (
-                    f"{type(attention).__name__} has no separate {name} Linear; qk reads the query "
-                    "and key projections as matrices"
-                )
+        try:
+            qk_layout(attention, loaded.layout.n_heads)
+        except Unsupported as exc:
+            return str(exc)
     return None
+
+
+@dataclass
+class QKLayout:
+    """Where an attention module's queries and keys come from: the projection module (``q_proj``
+    and ``k_proj``, or one fused projection), and which of its output rows are the queries
+    ``[H * d]`` and the keys ``[KV * d]``."""
+
+    q_module: str
+    k_module: str
+    q_rows: torch.Tensor
+    k_rows: torch.Tensor
+    fused_width: int = 0  # the fused projection's output width (0: separate projections)
+    others: tuple[str, ...] = ()  # projections whose output the probe replaces by zeros (v_proj)
+
+    def weights(self, attention: nn.Module) -> tuple[torch.Tensor, Any, torch.Tensor, Any]:
+        """``(W_Q [H*d, D], b_Q, W_K [KV*d, D], b_K)`` in float64."""
+        out = []
+        for name, rows in ((self.q_module, self.q_rows), (self.k_module, self.k_rows)):
+            proj = getattr(attention, name)
+            weight = projections._rows(proj).double()[rows]
+            bias = projections._bias(proj)
+            out += [weight, None if bias is None else bias.double()[rows]]
+        return out[0], out[1], out[2], out[3]
+
+
+def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
+    """The query and key rows of separate projections (Llama and kin) or of a fused one (GPT-2's
+    ``c_attn``: q | k | v; Phi-3's ``qkv_proj``: q | k | v with GQA; GPT-NeoX's and Persimmon's
+    ``query_key_value``: per head q, k, v); any other layout is refused with its reason."""
+    name = type(attention).__name__
+    query, key = getattr(attention, "q_proj", None), getattr(attention, "k_proj", None)
+    if isinstance(query, nn.Linear) and isinstance(key, nn.Linear):
+        others = tuple(n for n in ("v_proj",) if isinstance(getattr(attention, n, None), nn.Module))
+        return QKLayout(
+            "q_proj", "k_proj", torch.arange(query.out_features), torch.arange(key.out_features), 0, others
+        )
+    width = projections._rows(projections.output_module(attention)).shape[1]
+    d = width // n_heads
+    fused = getattr(attention, "c_attn", None)
+    if projections._is_projection(fused) and not hasattr(attention, "multi_query"):  # GPT-2
+        if getattr(attention, "is_cross_attention", False):
+            raise Unsupported(f"{name}: cross-attention reads its keys from the encoder")
+        return QKLayout("c_attn", "c_attn", torch.arange(width), width + torch.arange(width), 3 * width)
+    fused = getattr(attention, "qkv_proj", None)
+    if projections._is_projection(fused) and getattr(attention, "mp_num", None) is None:  # Phi-3
+        out = projections._rows(fused).shape[0]
+        kv = (out - width) // 2
+        return QKLayout("qkv_proj", "qkv_proj", torch.arange(width), width + torch.arange(kv), out)
+    fused = getattr(attention, "query_key_value", None)
+    known = {"GPTNeoXAttention", "PersimmonAttention"}
+    if projections._is_projection(fused) and name in known:  # per head [q, k, v]
+        base = 3 * d * torch.arange(n_heads)[:, None] + torch.arange(d)[None, :]
+        return QKLayout("query_key_value", "query_key_value", base.flatten(), (base + d).flatten(), 3 * width)
+    raise Unsupported(
+        f"{name}: qk reads queries and keys from q_proj and k_proj, or from GPT-2's, Phi-3's, "
+        "GPT-NeoX's or Persimmon's fused projection; this layout is not one of them"
+    )
 
 
 # --- the read: what one pass records ---------------------------------------------------------------
@@ -280,45 +336,82 @@ class _Slice(nn.Module):
         return x[..., self.start : self.stop]
 
 
+class _Fused(nn.Module):
+    """Stands in for a fused q/k/v projection: its output holds the (already projected) queries and
+    keys at their rows, and zeros at the values'."""
+
+    def __init__(self, layout: QKLayout) -> None:
+        super().__init__()
+        self.width = layout.fused_width
+        self.q_rows, self.k_rows = layout.q_rows, layout.k_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(*x.shape[:-1], self.width)
+        q_width = len(self.q_rows)
+        out[..., self.q_rows] = x[..., :q_width]
+        out[..., self.k_rows] = x[..., q_width:]
+        return out
+
+
 class _FrozenModule(nn.Module):
     """Stands in for a q/k norm: records its input's statistic on the actual input, then applies the
-    norm with that statistic frozen (a linear map plus the norm's bias)."""
+    norm with that statistic frozen (a linear map plus the norm's bias). A norm the module calls more
+    than once per forward (Llama 4's one ``qk_norm`` for queries and keys) keeps one statistic per
+    call, in call order."""
 
     def __init__(self, norm: FrozenNorm) -> None:
         super().__init__()
         self.norm = norm
-        self.scale: torch.Tensor | None = None
+        self.scales: list[torch.Tensor] = []
         self.recording = True
+        self.calls = 0
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         if self.recording:
-            self.scale = self.norm.scale(y)
+            self.scales.append(self.norm.scale(y))
             return self.norm.apply(y)
-        assert self.scale is not None
-        return self.norm.linear(y, self.scale) + self.norm.bias.to(y.device)
+        scale = self.scales[self.calls % len(self.scales)]
+        self.calls += 1
+        return self.norm.linear(y, scale) + self.norm.bias.to(y.device)
 
 
 class Post:
     """What an attention module does after its query and key projections (reshape, q/k norms, RoPE),
     run by a float64 copy of the module on projected inputs ``[n, T, q_width + k_width]``."""
 
-    def __init__(self, attention: nn.Module, q_width: int, k_width: int, v_width: int) -> None:
+    def __init__(self, attention: nn.Module, layout: QKLayout) -> None:
         _register()
+        if not hasattr(attention, "config"):
+            raise Unsupported(
+                f"qk: {type(attention).__name__} computes attention itself, without transformers' "
+                "attention interface, so its queries and keys cannot be taken from its own code"
+            )
         module = copy.deepcopy(attention).double()
         module._forward_hooks.clear()
         module._forward_pre_hooks.clear()
         config = copy.copy(module.config)
         config._attn_implementation = PROBE_IMPLEMENTATION
         module.config = config
-        module.q_proj = _Slice(0, q_width)
-        module.k_proj = _Slice(q_width, q_width + k_width)
-        module.v_proj = _Slice(0, 0, zeros=v_width)
+        q_width, k_width = len(layout.q_rows), len(layout.k_rows)
+        if layout.fused_width:
+            setattr(module, layout.q_module, _Fused(layout))
+        else:
+            module.q_proj = _Slice(0, q_width)
+            module.k_proj = _Slice(q_width, q_width + k_width)
+            for other in layout.others:
+                width = projections._rows(getattr(attention, other)).shape[0]
+                setattr(module, other, _Slice(0, 0, zeros=width))
+        # Every norm inside the module (q/k norms, also per-head ModuleLists of them, as StableLM's)
+        # is frozen at its statistic of the actual input.
         self.norms: list[_FrozenModule] = []
-        for name, child in list(module.named_children()):
-            if name not in ("q_proj", "k_proj", "v_proj") and anatomy.is_norm(child):
-                frozen = _FrozenModule(FrozenNorm.of(child, f"{name} of {type(attention).__name__}"))
-                setattr(module, name, frozen)
-                self.norms.append(frozen)
+        for name, child in list(module.named_modules()):
+            if not name or isinstance(child, _Slice | _Fused) or not _is_norm(child):
+                continue
+            parent_name, _, attribute = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            frozen = _FrozenModule(_frozen_norm(child, f"{name} of {type(attention).__name__}"))
+            setattr(parent, attribute, frozen)
+            self.norms.append(frozen)
         self.module = module
         self.kwargs: dict[str, Any] = {}
 
@@ -334,7 +427,7 @@ class Post:
         self.kwargs.pop("cache", None)
         self.kwargs.pop("attention_mask", None)
         for norm in self.norms:
-            norm.recording = True
+            norm.recording, norm.scales = True, []
         taken = self._run(projected)
         for norm in self.norms:
             norm.recording = False
@@ -351,6 +444,8 @@ class Post:
         return taken.query, taken.key
 
     def _run(self, projected: torch.Tensor) -> _Taken:
+        for norm in self.norms:
+            norm.calls = 0
         taken = _Taken()
         token = _TAKEN.set(taken)
         try:
@@ -362,6 +457,31 @@ class Post:
         if taken.query is None:
             raise Unsupported("qk: the attention module never called its attention function")
         return taken
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A norm with a gain (RMSNorm, LayerNorm), or a weightless one (Llama 4's L2 norm of q and k)."""
+    if anatomy.is_norm(module):
+        return True
+    name = type(module).__name__.lower()
+    return "norm" in name and not list(module.parameters()) and not list(module.children())
+
+
+def _frozen_norm(module: nn.Module, what: str) -> FrozenNorm:
+    if list(module.parameters(recurse=False)):
+        return FrozenNorm.of(module, what)
+    # No gain: read the epsilon and check the RMS reading on random input.
+    eps = next(
+        (float(getattr(module, n)) for n in ("variance_epsilon", "eps", "epsilon") if hasattr(module, n)),
+        1e-6,
+    )
+    found = FrozenNorm(torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64), eps, False)
+    probe = torch.randn(3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        actual = module(probe.float()).double()
+    if not torch.allclose(actual, found.apply(probe), rtol=1e-3, atol=1e-3):
+        raise Unsupported(f"qk: the {what} ({type(module).__name__}) is not an RMS norm")
+    return found
 
 
 def _double(value: Any) -> Any:
@@ -406,13 +526,9 @@ class Decomposer:
         attention = projections.attention_module(blocks[layer])
         norm = projections.input_norm(blocks[layer])
         self.norm = FrozenNorm.of(norm, f"input norm of layer {layer}") if norm is not None else None
-        self.w_q = attention.q_proj.weight.detach().double()  # [H*d, D]
-        self.b_q = _bias(attention.q_proj)
-        self.w_k = attention.k_proj.weight.detach().double()  # [KV*d, D]
-        self.b_k = _bias(attention.k_proj)
-        v_width = projections.value_path(attention, anatomy.text_config(model.config)).kv_heads
-        v_width *= projections.value_path(attention, anatomy.text_config(model.config)).head_dim
-        self.post = Post(attention, self.w_q.shape[0], self.w_k.shape[0], v_width)
+        layout = qk_layout(attention, loaded.layout.n_heads)
+        self.w_q, self.b_q, self.w_k, self.b_k = layout.weights(attention)  # [H*d, D], [KV*d, D]
+        self.post = Post(attention, layout)
         self.sources = source_names(loaded, layer)
         layers = [j for j in attention_layers(loaded) if j < layer]
         self.w_o = {
@@ -569,10 +685,6 @@ class Decomposer:
         q = q - zero_q * linear[:, None, None, None]
         k = k - zero_k * linear[:, None, None, None]
         return q[:, :, rows], k
-
-
-def _bias(proj: nn.Linear) -> torch.Tensor | None:
-    return proj.bias.detach().double() if proj.bias is not None else None
 
 
 __all__ = [

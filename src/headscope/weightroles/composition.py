@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from headscope.capture.dla import FrozenNorm
+from headscope.capture.sources import qk_layout
 from headscope.errors import InputError, RunFailure
 from headscope.models import anatomy, projections
 from headscope.models.projections import Unsupported
@@ -213,9 +214,17 @@ class _Weights:
     def query_key(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Folded ``W_Q`` ``[H, D, dk]`` and ``W_K`` ``[kv, D, dk]`` of the layer (row vectors: ``x @ W``)."""
         attention = projections.attention_module(self.blocks[layer])
-        holder, q_proj, k_proj = _query_key_modules(attention)
         heads = self.layout.n_heads
-        q_rows, k_rows = projections._rows(q_proj), projections._rows(k_proj)  # [out, D]
+        try:
+            holder, q_proj, k_proj = _query_key_modules(attention)
+            q_rows, k_rows = projections._rows(q_proj), projections._rows(k_proj)  # [out, D]
+        except Unsupported:
+            # Fused q/k/v projections (GPT-2, Phi-3, GPT-NeoX, Persimmon): the rows qk reads.
+            found = qk_layout(attention, heads)
+            if not found.fused_width:
+                raise
+            q_rows, _, k_rows, _ = found.weights(attention)
+            holder = attention
         if q_rows.shape[0] % heads:
             raise RunFailure(
                 f"{type(attention).__name__}: {q_rows.shape[0]} query rows are not {heads} heads"
