@@ -14,7 +14,6 @@ import torch
 from tiny_models import loaded_tiny, tiny_bert, tiny_gemma, tiny_gpt2, tiny_llama
 
 from headscope.errors import InputError
-from headscope.models.projections import Unsupported
 from headscope.weightroles.composition import composition_scores, random_baseline
 
 
