@@ -61,6 +61,8 @@ from .describe.texts import LANGS, balanced, shipped_sources, user_text_sources,
 
 RECONSTRUCT_K = (0, 1, 3, 10, 30)  # sources kept on each side (0: every source at its mean)
 PAIRS = 6  # top sources per side whose pairs are measured
+EXAMPLE_KEYS = 5  # keys shown for the example query
+EXAMPLE_SOURCES = 4  # key sources each example key's score is split by (the rest summed)
 LISTED = 12  # sources per (head, side) listed in the tidy rows (the rest summed as "rest")
 SCORE_TOLERANCE = 1e-4  # the sum over sources against the module's own scores, relative
 SIDES = ("key", "query")
@@ -192,6 +194,7 @@ class HeadSums:
     pairs: np.ndarray | None = None  # [PAIRS, PAIRS] summed over windows
     top_key: list[int] = field(default_factory=list)
     top_query: list[int] = field(default_factory=list)
+    example: dict[str, Any] | None = None  # evaluation split: one query's keys and their score split
 
 
 class Split:
@@ -247,7 +250,8 @@ class Split:
         read = self.sample(batch)
         for row in range(batch.input_ids.shape[0]):
             length = int(batch.attention_mask[row].sum())
-            self._decompose(layer, self.recorder.current(row), chunks, read[row, :length], row, length)
+            ids = batch.input_ids[row, :length].tolist()
+            self._decompose(layer, self.recorder.current(row), chunks, read[row, :length], row, length, ids)
 
     def _gather(
         self, chunks: list[Any], read: torch.Tensor, row: int, length: int, n_heads: int
@@ -271,7 +275,14 @@ class Split:
         return torch.tensor(rows), torch.stack(weights, 1), torch.stack(visible)
 
     def _decompose(
-        self, layer: int, recording: Any, chunks: list[Any], read: torch.Tensor, row: int, length: int
+        self,
+        layer: int,
+        recording: Any,
+        chunks: list[Any],
+        read: torch.Tensor,
+        row: int,
+        length: int,
+        ids: list[int],
     ) -> None:
         layout = self.loaded.layout
         rows, weights, visible = self._gather(chunks, read, row, length, layout.n_heads)
@@ -305,6 +316,7 @@ class Split:
                     state["dq_all"] = torch.zeros_like(query)
                     state["dk_all"] = torch.zeros_like(key)
                     state["dq"], state["dk"], state["q_top"], state["kbar_top"] = {}, {}, {}, {}
+                    state["k_top"] = {}
             q_total = q_total + q.sum(0)
             k_total = k_total + k.sum(0)
             q_chosen = q[:, chosen]  # [c, h, R, d]
@@ -327,6 +339,7 @@ class Split:
                         if source in sums.top_key:
                             state["dk"][(i, source)] = dk[slot, i]
                             state["kbar_top"][(i, source)] = kbar_c[slot, i]
+                            state["k_top"][(i, source)] = k_chosen[slot, i]
         parts = state["parts"]
         self._check_sum(layer, q_total, parts.query, k_total, parts.key)
         margin = (scaling * (state["query"] * state["kbar"]).sum(-1)).sum(-1)  # [h]
@@ -338,6 +351,56 @@ class Split:
             sums.rows.append(len(rows))
             if evaluation:
                 self._evaluate(sums, i, state, weights[h], visible)
+                self._example(sums, i, state, weights[h], rows, ids)
+
+    def _example(
+        self,
+        sums: HeadSums,
+        i: int,
+        state: dict[str, Any],
+        actual: torch.Tensor,
+        rows: torch.Tensor,
+        ids: list[int],
+    ) -> None:
+        """The query with the largest margin so far, its most-attended keys and their scores split by
+        the head's top key sources (the rest summed): what the card draws."""
+        scaling = state["scaling"]
+        margins = scaling * (state["query"][i] * state["kbar"][i]).sum(-1)  # [R]
+        best = int(margins.argmax())
+        if sums.example is not None and sums.example["margin"] >= float(margins[best]):
+            return
+        query = state["query"][i][best]
+        weights = actual[best]
+        keys = [int(k) for k in weights.argsort(descending=True)[:EXAMPLE_KEYS] if weights[k] > 0]
+        tops = [s for s in sums.top_key[:EXAMPLE_SOURCES]]
+        tokenizer = self.loaded.tokenizer
+        listed = []
+        for key in keys:
+            score = float(scaling * (query * state["key"][i][key]).sum())
+            parts = {
+                sums.sources[s].name: float(scaling * (query * state["k_top"][(i, s)][key]).sum())
+                for s in tops
+            }
+            listed.append(
+                {
+                    "position": key,
+                    "token": tokenizer.decode([ids[key]]),
+                    "attention": float(weights[key]),
+                    "score": score,
+                    "parts": parts,
+                    "rest": score - sum(parts.values()),
+                }
+            )
+        position = int(rows[best])
+        sums.example = {
+            "query": position,
+            "token": tokenizer.decode([ids[position]]),
+            "margin": float(margins[best]),
+            "mean_score": float(scaling * (query * state["key"][i][: position + 1]).sum(-1).mean())
+            if self.loaded.is_causal
+            else None,
+            "keys": listed,
+        }
 
     def _evaluate(
         self, sums: HeadSums, i: int, state: dict[str, Any], actual: torch.Tensor, visible: torch.Tensor
@@ -554,6 +617,8 @@ def _summarise(
                 for j, b in enumerate(sums.top_key[:PAIRS])
             ]
             entry["pairs"] = sorted(pairs, key=lambda p: -abs(p["share"]))[:PAIRS]
+        if sums.example is not None:
+            entry["example"] = sums.example
         if sums.explained:
             values = torch.tensor(np.stack(sums.explained))  # [W, K]
             ones = torch.ones(values.shape[0], dtype=torch.float64)

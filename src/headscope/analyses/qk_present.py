@@ -6,6 +6,7 @@ import html
 from typing import Any
 
 SHOWN = 3  # sources per side in the terminal
+EXAMPLES = 8  # heads whose example query the HTML section draws
 
 
 def _interval(item: dict[str, Any]) -> str:
@@ -108,9 +109,13 @@ def html_section(found: Any) -> str:
             + "".join(cells)
             + f"<td>{'' if rebuilt is None else format(rebuilt['explained'], '.2f')}</td></tr>"
         )
+    examples = "".join(
+        example_html(entry) for entry in ranked(found.heads)[:EXAMPLES] if entry.get("example")
+    )
     style = (
         "<style>.qk-bar{display:flex;gap:6px;align-items:center;font:12px monospace}"
-        ".qk-fill{display:inline-block;height:8px}.qk-name{min-width:16em}</style>"
+        ".qk-fill{display:inline-block;height:8px}.qk-name{min-width:16em}"
+        ".qk-example td,.qk-example th{font:12px monospace;padding:1px 6px;text-align:right}</style>"
     )
     return (
         style
@@ -119,4 +124,31 @@ def html_section(found: Any) -> str:
         "<table><tr><th>head</th><th>role</th><th>keys from</th><th>queries from</th><th>top-3 rebuilds</th></tr>"
         + "".join(rows)
         + "</table>"
+        + examples
+    )
+
+
+def example_html(entry: dict[str, Any]) -> str:
+    """One query of the head: its most-attended keys, each key's score split by the head's top key
+    sources (and the rest), beside the mean score over the visible keys."""
+    example = entry["example"]
+    keys = example["keys"]
+    if not keys:
+        return ""
+    sources = list(keys[0]["parts"])
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in sources)
+    body = []
+    for key in keys:
+        cells = "".join(f"<td>{key['parts'][name]:+.2f}</td>" for name in sources)
+        body.append(
+            f"<tr><td>{key['position']}</td><td>{html.escape(repr(key['token']))}</td>"
+            f"<td>{key['attention']:.3f}</td><td>{key['score']:.2f}</td>{cells}<td>{key['rest']:+.2f}</td></tr>"
+        )
+    mean = example.get("mean_score")
+    mean_text = "" if mean is None else f"; mean score over the visible keys {mean:.2f}"
+    return (
+        f"<h3>L{entry['layer']}H{entry['head']}: query {example['query']} "
+        f"{html.escape(repr(example['token']))} (margin {example['margin']:.2f}{mean_text})</h3>"
+        "<table class='qk-example'><tr><th>key</th><th>token</th><th>attention</th><th>score</th>"
+        f"{head}<th>rest</th></tr>{''.join(body)}</table>"
     )

@@ -591,7 +591,9 @@ class Decomposer:
         zero_q, zero_k = self.post(torch.zeros(1, length, q_width + self.w_k.shape[0], dtype=torch.float64))
         parts = LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
         # Check the sum of the writes against the block's input before anything else.
-        total = torch.stack(writes).sum(0) + bias
+        total = bias.clone()
+        for write in writes:
+            total += write
         error = float((total - x).abs().max() / x.abs().max().clamp(min=1e-30))
         if error > 1e-5:
             raise Unsupported(
