@@ -324,16 +324,19 @@ def _register() -> None:
 
 
 class _Slice(nn.Module):
-    """Stands in for a projection: its output is a slice of the (already projected) input."""
+    """Stands in for a separate projection: its output is the query or key slice of the (already
+    projected) input, at the widths the probe sets for the call (0: that side is not wanted), or
+    zeros (the values)."""
 
-    def __init__(self, start: int, stop: int, zeros: int = 0) -> None:
+    def __init__(self, widths: list[int], side: str, zeros: int = 0) -> None:
         super().__init__()
-        self.start, self.stop, self.zeros = start, stop, zeros
+        self.widths, self.side, self.zeros = widths, side, zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.zeros:
+        if self.side == "v":
             return x.new_zeros(*x.shape[:-1], self.zeros)
-        return x[..., self.start : self.stop]
+        q_width, k_width = self.widths
+        return x[..., :q_width] if self.side == "q" else x[..., q_width : q_width + k_width]
 
 
 class _Fused(nn.Module):
@@ -365,6 +368,8 @@ class _FrozenModule(nn.Module):
         self.scales: list[torch.Tensor] = []
         self.recording = True
         self.calls = 0
+        self.rows: torch.Tensor | None = None  # a probe call over these positions only
+        self.length = 0
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         if self.recording:
@@ -372,7 +377,41 @@ class _FrozenModule(nn.Module):
             return self.norm.apply(y)
         scale = self.scales[self.calls % len(self.scales)]
         self.calls += 1
+        if y.numel() == 0:  # the side a probe call does not want
+            return y
+        if self.rows is not None:
+            scale = _at_rows(scale, y, self.rows, self.length)
         return self.norm.linear(y, scale) + self.norm.bias.to(y.device)
+
+
+class _NoFastPath(Exception):
+    """A frozen statistic whose position axis cannot be told: the probe runs every position."""
+
+
+def _at_rows(scale: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    """The statistic ``scale`` (recorded over ``length`` positions) at ``rows``, for an input ``y`` that
+    holds only those positions: the one axis where the statistic has ``length`` and ``y`` ``len(rows)``."""
+    axes = [
+        a
+        for a in range(scale.dim())
+        if scale.shape[a] == length and a < y.dim() - 1 and y.shape[a] == len(rows)
+    ]
+    if len(axes) != 1:
+        raise _NoFastPath
+    return scale.index_select(axes[0], rows)
+
+
+def _positions_at(value: Any, rows: torch.Tensor, length: int) -> Any:
+    """A call argument cut to ``rows`` where it runs over the positions (RoPE's cos and sin
+    ``[1, T, d]``, position ids ``[1, T]``, cache positions ``[T]``)."""
+    if isinstance(value, tuple):
+        return tuple(_positions_at(v, rows, length) for v in value)
+    if isinstance(value, torch.Tensor):
+        if value.dim() >= 2 and value.shape[1] == length:
+            return value.index_select(1, rows.to(value.device))
+        if value.dim() == 1 and value.shape[0] == length:
+            return value.index_select(0, rows.to(value.device))
+    return value
 
 
 class Post:
@@ -392,15 +431,19 @@ class Post:
         config = copy.copy(module.config)
         config._attn_implementation = PROBE_IMPLEMENTATION
         module.config = config
-        q_width, k_width = len(layout.q_rows), len(layout.k_rows)
+        self.q_width, self.k_width = len(layout.q_rows), len(layout.k_rows)
+        self.widths = [self.q_width, self.k_width]
+        # Separate projections can be run on one side at a time, the queries at the rows read only
+        # (checked against the whole call on the actual input in record); a fused one always whole.
+        self.fast: bool = not layout.fused_width
         if layout.fused_width:
             setattr(module, layout.q_module, _Fused(layout))
         else:
-            module.q_proj = _Slice(0, q_width)
-            module.k_proj = _Slice(q_width, q_width + k_width)
+            module.q_proj = _Slice(self.widths, "q")
+            module.k_proj = _Slice(self.widths, "k")
             for other in layout.others:
                 width = projections._rows(getattr(attention, other)).shape[0]
-                setattr(module, other, _Slice(0, 0, zeros=width))
+                setattr(module, other, _Slice(self.widths, "v", zeros=width))
         # Every norm inside the module (q/k norms, also per-head ModuleLists of them, as StableLM's)
         # is frozen at its statistic of the actual input.
         self.norms: list[_FrozenModule] = []
@@ -416,9 +459,10 @@ class Post:
         self.kwargs: dict[str, Any] = {}
 
     def record(
-        self, projected: torch.Tensor, kwargs: dict[str, Any]
+        self, projected: torch.Tensor, kwargs: dict[str, Any], rows: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """The queries and keys of the actual projected input ``[1, T, w]``; freezes the q/k norms."""
+        """The queries and keys of the actual projected input ``[1, T, w]``; freezes the q/k norms,
+        and checks the one-side-at-a-time calls against the whole one (else they are not used)."""
         keep = {"position_embeddings", "position_ids", "cache_position"}
         self.kwargs = {
             k: _double(v) for k, v in kwargs.items() if k in keep or not isinstance(v, torch.Tensor | tuple)
@@ -434,14 +478,49 @@ class Post:
         if taken.extra:
             raise Unsupported(f"qk: the attention function was given {' and '.join(taken.extra)}")
         assert taken.query is not None and taken.key is not None and taken.scaling is not None
+        if self.fast:
+            try:
+                query, key = self._sides(projected, rows)
+                scale = max(float(taken.query.abs().max()), float(taken.key.abs().max()), 1e-30)
+                error = max(
+                    float((query - taken.query[:, :, rows]).abs().max()),
+                    float((key - taken.key).abs().max()),
+                )
+                self.fast = error <= 1e-9 * scale
+            except (_NoFastPath, RuntimeError, IndexError):
+                self.fast = False
         return taken.query, taken.key, float(taken.scaling)
 
-    def __call__(self, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries ``[n, H, T, d]`` and keys ``[n, KV, T, d]`` of projected parts ``[n, T, w]``
-        (frozen norms; affine: subtract the call on zeros for a linear part)."""
+    def __call__(self, projected: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries at ``rows`` ``[n, H, R, d]`` and keys ``[n, KV, T, d]`` of projected parts
+        ``[n, T, w]`` (frozen norms; affine: subtract the call on zeros for a linear part)."""
+        if self.fast:
+            return self._sides(projected, rows)
         taken = self._run(projected)
         assert taken.query is not None and taken.key is not None
-        return taken.query, taken.key
+        return taken.query[:, :, rows], taken.key
+
+    def _sides(self, projected: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys from a call with no queries, the queries from a call over ``rows`` with no keys."""
+        length = projected.shape[1]
+        try:
+            self.widths[:] = [0, self.k_width]
+            key = self._run(projected[..., self.q_width :]).key
+            self.widths[:] = [self.q_width, 0]
+            kwargs = self.kwargs
+            self.kwargs = {k: _positions_at(v, rows, length) for k, v in kwargs.items()}
+            for norm in self.norms:
+                norm.rows, norm.length = rows, length
+            try:
+                query = self._run(projected[:, rows, : self.q_width]).query
+            finally:
+                self.kwargs = kwargs
+                for norm in self.norms:
+                    norm.rows = None
+        finally:
+            self.widths[:] = [self.q_width, self.k_width]
+        assert query is not None and key is not None
+        return query, key
 
     def _run(self, projected: torch.Tensor) -> _Taken:
         for norm in self.norms:
@@ -587,8 +666,12 @@ class Decomposer:
         scale = self.norm.scale(x) if self.norm is not None else None
         actual_in, kwargs = recording.attn[self.layer]
         q_width = self.w_q.shape[0]
-        query, key, scaling = self.post.record(self._project(actual_in.double()[None], None)[0:1], kwargs)
-        zero_q, zero_k = self.post(torch.zeros(1, length, q_width + self.w_k.shape[0], dtype=torch.float64))
+        query, key, scaling = self.post.record(
+            self._project(actual_in.double()[None], None)[0:1], kwargs, rows
+        )
+        zero_q, zero_k = self.post(
+            torch.zeros(1, length, q_width + self.w_k.shape[0], dtype=torch.float64), rows
+        )
         parts = LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
         # Check the sum of the writes against the block's input before anything else.
         total = bias.clone()
@@ -680,13 +763,13 @@ class Decomposer:
         zero_q: torch.Tensor,
         zero_k: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = self.post(projected)
+        q, k = self.post(projected, rows)
         linear = torch.tensor([not b for b in is_bias])
         # The module after the projections is affine (frozen norms' biases): a source's part is its
         # call minus the call on zeros; the bias source keeps the constant.
         q = q - zero_q * linear[:, None, None, None]
         k = k - zero_k * linear[:, None, None, None]
-        return q[:, :, rows], k
+        return q, k
 
 
 __all__ = [
