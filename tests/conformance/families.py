@@ -31,7 +31,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ANALYSES = ("scan", "induction", "syntax", "coref", "retrieval", "ioi", "weights")
+ANALYSES = ("scan", "induction", "syntax", "coref", "retrieval", "ioi", "weights", "qk")
 VIEWS = ("maps", "dla", "ov")
 
 # Shared shapes: 2-3 layers, hidden 32, 4 query heads over 2 KV heads where the family has GQA.
@@ -116,14 +116,25 @@ FAMILIES: dict[str, Family] = {
 # fmt: off
 # BEGIN EXPECTATIONS
 REFUSES: dict[str, dict[str, str]] = {
-    "diffllama": {"scan": "DiffLlamaAttention: differential attention: a head's output", "induction": "DiffLlamaAttention: differential attention: a head's output", "syntax": "DiffLlamaAttention: differential attention: a head's output", "coref": "DiffLlamaAttention: differential attention: a head's output", "retrieval": "DiffLlamaAttention: differential attention: a head's output", "ioi": "DiffLlamaAttention: differential attention: a head's output", "weights": "DiffLlamaAttention: differential attention: a head's output"},
-    "qwen3_next": {"weights": "Qwen3NextAttention: gated attention: q_proj also yields a"},
-    "bert": {"retrieval": "BertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of BertForMaskedLM; direct logit"},
-    "roberta": {"retrieval": "RobertaForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of RobertaForMaskedLM; direct"},
-    "distilbert": {"retrieval": "DistilBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of DistilBertForMaskedLM; direct"},
-    "electra": {"retrieval": "ElectraForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of ElectraForMaskedLM; direct"},
-    "albert": {"retrieval": "AlbertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the 2 blocks of AlbertForMaskedLM"},
-    "modernbert": {"retrieval": "ModernBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "final norm and LM head give the logits: relative error"},
+    "codegen": {"qk": "qk: CodeGenForCausalLM (codegen): CodeGenAttention: qk"},
+    "gpt_bigcode": {"qk": "qk: GPTBigCodeForCausalLM (gpt_bigcode):"},
+    "gemma2": {"qk": "qk: Gemma2ForCausalLM (gemma2): attention logits are"},
+    "deepseek_v3": {"qk": "qk: DeepseekV3ForCausalLM (deepseek_v3):"},
+    "falcon": {"qk": "qk: FalconForCausalLM (falcon): FalconAttention: qk reads"},
+    "bloom": {"qk": "qk: BloomForCausalLM (bloom): ALiBi adds a distance bias to"},
+    "mpt": {"qk": "qk: MptForCausalLM (mpt): ALiBi adds a distance bias to"},
+    "gpt_neo": {"qk": "qk: the attention module never called its attention function"},
+    "xglm": {"qk": "qk: XGLMAttention computes attention itself, without"},
+    "gpt_oss": {"qk": "qk: GptOssForCausalLM (gpt_oss): learned attention sinks"},
+    "diffllama": {"scan": "DiffLlamaAttention: differential attention: a head's output", "induction": "DiffLlamaAttention: differential attention: a head's output", "syntax": "DiffLlamaAttention: differential attention: a head's output", "coref": "DiffLlamaAttention: differential attention: a head's output", "retrieval": "DiffLlamaAttention: differential attention: a head's output", "ioi": "DiffLlamaAttention: differential attention: a head's output", "weights": "DiffLlamaAttention: differential attention: a head's output", "qk": "qk: DiffLlamaForCausalLM (diffllama): differential"},
+    "qwen3_next": {"weights": "Qwen3NextAttention: gated attention: q_proj also yields a", "qk": "qk: Qwen3NextForCausalLM (qwen3_next): hybrid model: its"},
+    "jamba": {"qk": "qk: JambaForCausalLM (jamba): hybrid model: its recurrent"},
+    "bert": {"retrieval": "BertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of BertForMaskedLM; direct logit", "qk": "qk: BertForMaskedLM (bert): post-norm blocks (BERT and kin)"},
+    "roberta": {"retrieval": "RobertaForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of RobertaForMaskedLM; direct", "qk": "qk: RobertaForMaskedLM (roberta): post-norm blocks (BERT"},
+    "distilbert": {"retrieval": "DistilBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of DistilBertForMaskedLM; direct", "qk": "qk: DistilBertForMaskedLM (distilbert): post-norm blocks"},
+    "electra": {"retrieval": "ElectraForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the final norm of ElectraForMaskedLM; direct", "qk": "qk: ElectraForMaskedLM (electra): post-norm blocks (BERT"},
+    "albert": {"retrieval": "AlbertForMaskedLM is not a causal language model; retrieval", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "cannot find the 2 blocks of AlbertForMaskedLM", "qk": "cannot find the 2 blocks of AlbertForMaskedLM"},
+    "modernbert": {"retrieval": "ModernBertForMaskedLM is not a causal language model;", "ioi": "ioi reads the model's prediction of the next name, so it", "weights": "final norm and LM head give the logits: relative error", "qk": "qk: ModernBertForMaskedLM (modernbert): post-norm blocks"},
 }
 KNOWN_CRASH: dict[str, dict[str, str]] = {}
 EAGER: set[str] = {"falcon", "bloom", "mpt", "gpt_neo", "xglm"}
@@ -491,6 +502,9 @@ def _options() -> dict[str, dict[str, Any]]:
         "retrieval": dict(context="96", depths="0.5", needles=1, resamples=0),
         "ioi": dict(data=data / "ioi-en.yaml", patch=False, resamples=0),
         "weights": dict(tokens=64, resamples=0),
+        # the decomposition is checked on every row read (sum = the module's queries and keys to
+        # 1e-4, softmax = the model's attention), so "ran" means the check passed
+        "qk": dict(repeat_seq=2, seq_len=8, windows=2, rows=0, resamples=0),
     }
 
 
