@@ -15,10 +15,13 @@ def _interval(item: dict[str, Any]) -> str:
     return f" [{item['ci_low']:.2f}, {item['ci_high']:.2f}]"
 
 
-def source_text(item: dict[str, Any], interval: bool = True) -> str:
-    """``L16H0 (previous-token) 0.71 [0.66, 0.77]``."""
+def source_text(item: dict[str, Any], interval: bool = True, side: str = "") -> str:
+    """``L16H0 (previous-token) 0.71 [0.66, 0.77] K-comp 0.12``: the share with its interval, and
+    (``side`` given) the weight-only composition score of a head source."""
     role = f" ({item['role']})" if item.get("role") else ""
-    return f"{item['source']}{role} {item['share']:.2f}{_interval(item) if interval else ''}"
+    comp = item.get("composition")
+    weights = f" {side[0].upper()}-comp {comp:.2f}" if side and comp is not None else ""
+    return f"{item['source']}{role} {item['share']:.2f}{_interval(item) if interval else ''}{weights}"
 
 
 def reconstructed(entry: dict[str, Any], k: int) -> dict[str, Any] | None:
@@ -42,13 +45,14 @@ def print_qk(result: Any, console: Any, top: int) -> None:
     console.print(
         f"[bold]Why each head attends where it does[/bold] ({escape(found.data)}, "
         f"{found.windows.get('eval', '?')} evaluation windows): each source's share of the head's "
-        "margin (attention-weighted score minus the mean score over the visible keys)"
+        "margin (attention-weighted score minus the mean score over the visible keys); K-comp and "
+        "Q-comp: the weight-only composition score of a head source"
     )
     for entry in shown:
         role = f" ({entry['role']})" if entry.get("role") else ""
         console.print(f"\n[bold]L{entry['layer']}H{entry['head']}[/bold]{escape(role)}")
         for side, label in (("key", "keys from   "), ("query", "queries from")):
-            items = " · ".join(escape(source_text(item)) for item in entry[side][:SHOWN])
+            items = " · ".join(escape(source_text(item, side=side)) for item in entry[side][:SHOWN])
             console.print(f"  {label} {items}")
         rebuilt = entry.get("reconstructed") or []
         if rebuilt:
