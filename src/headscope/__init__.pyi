@@ -383,6 +383,7 @@ def describe(
     batch_size: int = 4,
     writes: bool = True,
     ablate: str | int | None = None,
+    why: bool = False,
 ) -> Result:
     """Every head's attention as a short mixture of named patterns (templates), fitted on one split of the texts and measured on another: what each head looks at, and how much that explains."""
 

@@ -132,7 +132,7 @@ def test_the_atlas_with_writes_and_ablation_validates_and_reads_back(planted):
 
     _, atlas = planted
     data = atlas.to_json()
-    assert data["schema"] == "headscope-atlas/1"  # optional fields: the version stays
+    assert data["schema"] == "headscope-atlas/2"  # /2 added the optional why blocks (describe --why)
     jsonschema.validate(data, json_schema())
     assert all("writes" in h for h in data["heads"])
     back = Atlas.from_json(data)

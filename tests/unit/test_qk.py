@@ -4,6 +4,7 @@ other families, the key-only edit, and the refusals."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import TOY_DIR
@@ -190,3 +191,37 @@ def test_the_command_prints_each_heads_sources(tmp_path):
     assert "decomposition check" in result.stdout
     header = out.read_text().splitlines()[0]
     assert header.startswith("model,detector,relation,direction,layer,head,kv_group,score")
+
+
+def test_describe_why_adds_each_heads_sources_to_its_card(toy, tmp_path):
+    """describe --why: the atlas (headscope-atlas/2) carries each head's why block, validates against
+    its JSON Schema, reads back, and a /1 atlas without it still reads."""
+    import jsonschema
+
+    from headscope.analyses.describe.atlas import Atlas, json_schema
+    from headscope.analyses.describe.present import why_line
+
+    rng = np.random.default_rng(1)
+    lines = []
+    for _ in range(8):
+        segment = " ".join(f"t{i}" for i in rng.integers(0, 60, 12))
+        lines.append(f"{segment} {segment}")
+    text = tmp_path / "repeated.txt"
+    text.write_text("\n\n".join(lines) + "\n")
+    atlas = hs.describe(toy, eval_text=text, context=32, windows=5, resamples=200, why=True).atlas
+    data = atlas.to_json()
+    assert data["schema"] == "headscope-atlas/2" and data["why"]["check"]["score_error"] < 1e-6
+    jsonschema.validate(data, json_schema())
+    entry = atlas.head(1, 0)
+    assert entry["why"]["key"][0]["source"] == "L0H1"  # the induction head's keys, on repeated text
+    assert "why: keys from L0H1" in why_line(entry)
+    back = Atlas.from_json(data)
+    assert back.why == atlas.why and back.head(1, 0)["why"] == entry["why"]
+    old = {
+        **data,
+        "schema": "headscope-atlas/1",
+        "heads": [{k: v for k, v in h.items() if k != "why"} for h in data["heads"]],
+    }
+    old.pop("why")
+    jsonschema.validate(old, json_schema())
+    assert Atlas.from_json(old).why is None

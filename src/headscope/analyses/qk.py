@@ -770,38 +770,70 @@ def qk(
     progress: Any = None,
 ) -> tuple[Report, QKResult, dict[str, Any]]:
     """Decompose the chosen heads' attention over their sources; see the module docstring."""
+    fit_pairs, eval_pairs, data = _windows(loaded, options, prepared)
+    result, state = explain(
+        loaded,
+        fit_pairs,
+        eval_pairs,
+        data,
+        prepared.heads,
+        rows=options.rows or None,
+        seed=options.seed,
+        n_resamples=options.resamples,
+        repeated=bool(options.repeat_seq),
+        progress=progress,
+    )
+    report = Report(
+        loaded.name,
+        tidy_rows(loaded.name, result.heads),
+        [],
+        loaded.capture_mode,
+        notes=list(result.notes),
+        layout=loaded.layout,
+    )
+    return report, result, state
+
+
+def explain(
+    loaded: Any,
+    fit_pairs: list[Any],
+    eval_pairs: list[Any],
+    data: str,
+    chosen: list[tuple[int, int]] | None = None,
+    *,
+    rows: int | None = 64,
+    seed: int = 0,
+    n_resamples: int = 1000,
+    repeated: bool = False,
+    progress: Any = None,
+) -> tuple[QKResult, dict[str, Any]]:
+    """The decomposition of ``chosen`` heads (None: every head) on windows given as (ids, special)
+    pairs: ``fit_pairs`` rank each head's sources, ``eval_pairs`` measure everything reported
+    (``describe --why`` calls this with its own windows). ``repeated``: the windows are repeated
+    random tokens (the detectors that name the sources' roles include induction)."""
     layout = loaded.layout
-    chosen = prepared.heads or [(layer, h) for layer in range(layout.n_layers) for h in range(layout.n_heads)]
+    chosen = chosen or [(layer, h) for layer in range(layout.n_layers) for h in range(layout.n_heads)]
     heads: dict[int, list[int]] = {}
     for layer, h in chosen:
         heads.setdefault(layer, []).append(h)
     heads = {layer: sorted(hs) for layer, hs in sorted(heads.items())}
-    fit_pairs, eval_pairs, data = _windows(loaded, options, prepared)
     _check_memory(loaded, max(len(p[0]) for p in fit_pairs + eval_pairs), max(heads))
     decomposers = {layer: Decomposer(loaded, layer) for layer in heads}
-    rows = options.rows or None
     fit = _run_split(
-        loaded, fit_pairs, heads, decomposers, RowSample(rows, options.seed, 0), None, [], progress, "qk: fit"
+        loaded, fit_pairs, heads, decomposers, RowSample(rows, seed, 0), None, [], progress, "qk: fit"
     )
     tops = _tops(fit)
-    if options.repeat_seq:
+    if repeated:
         detectors = create_detectors(["previous-token", "duplicate-token", "induction", "sink"])
     else:
         detectors = detectors_for("text", None)
+    sample = RowSample(rows, seed, 1)
     evaluation = _run_split(
-        loaded,
-        eval_pairs,
-        heads,
-        decomposers,
-        RowSample(rows, options.seed, 1),
-        tops,
-        detectors,
-        progress,
-        "qk: evaluate",
+        loaded, eval_pairs, heads, decomposers, sample, tops, detectors, progress, "qk: evaluate"
     )
-    roles = _roles(loaded, detectors, len(eval_pairs), options.resamples, options.seed)
+    roles = _roles(loaded, detectors, len(eval_pairs), n_resamples, seed)
     composition, note = _composition(loaded, chosen)
-    summary = _summarise(evaluation, roles, composition, options.resamples, options.seed)
+    summary = _summarise(evaluation, roles, composition, n_resamples, seed)
     notes = [note] if note else []
     if len(eval_pairs) < MIN_EXAMPLES:
         notes.append(
@@ -820,16 +852,7 @@ def qk(
         },
         notes,
     )
-    report = Report(
-        loaded.name,
-        tidy_rows(loaded.name, summary),
-        [],
-        loaded.capture_mode,
-        notes=notes,
-        layout=layout,
-    )
-    state = {"eval_pairs": eval_pairs, "sample": RowSample(rows, options.seed, 1), "decomposers": decomposers}
-    return report, result, state
+    return result, {"eval_pairs": eval_pairs, "sample": sample, "decomposers": decomposers}
 
 
 def _check_memory(loaded: Any, length: int, last: int) -> None:

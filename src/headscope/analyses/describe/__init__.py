@@ -87,6 +87,12 @@ class DescribeOptions(Stats):
         flag="--writes/--no-writes",
     )
     ablate: str | int | None = option(None, ABLATE_HELP, check=parse_ablate, cli_type=str | None)
+    why: bool = option(
+        False,
+        "Add each head's why block: the sources of its queries and keys (headscope qk) on the same fit "
+        "and evaluation windows. Costs a decomposition per layer and window (see headscope qk).",
+        flag="--why/--no-why",
+    )
 
 
 def _check_langs(value: str) -> None:
@@ -278,6 +284,8 @@ class Describe(Analysis):
         )
         found.set_roles(table)
         complete_cards(found, loaded, batches, options, progress)
+        if options.why:
+            _add_why(found, loaded, options, prepared, progress)
         eval_texts = found.evaluation["windows"]
         notes = uncertainty_notes(results, options.resamples) + found.notes
         report = Report(
@@ -306,6 +314,32 @@ class Describe(Analysis):
 
         atlas = result.atlas  # live, or read back from a saved result
         return None if atlas is None else f"<style>{STYLE}</style>" + atlas_html(atlas)
+
+
+def _add_why(
+    found: Atlas, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any
+) -> None:
+    """``--why``: every head's sources (``headscope qk``), ranked on the fit windows and measured on
+    the evaluation windows the descriptions were measured on."""
+    from headscope.analyses.qk import explain
+
+    limit = options.windows or None
+    pairs = []
+    for sources in (prepared.fit_sources, prepared.eval_sources):
+        texts = balanced(windows(loaded, sources, options.context), limit)
+        pairs.append([(t.ids, t.special) for t in texts])
+    result, _ = explain(
+        loaded,
+        pairs[0],
+        pairs[1],
+        prepared.eval_from,
+        rows=options.rows or None,
+        seed=options.seed,
+        n_resamples=options.resamples,
+        progress=progress,
+    )
+    found.set_why(result)
+    found.notes.extend(result.notes)
 
 
 def describe_html(result: Any, path: Path, force: bool) -> str:

@@ -1,6 +1,6 @@
 """The atlas: one versioned JSON document per model, a card per head.
 
-Schema ``headscope-atlas/1`` (documented, with its JSON Schema, in ``docs/reference/outputs.md``):
+Schema ``headscope-atlas/2`` (documented, with its JSON Schema, in ``docs/reference/outputs.md``):
 ``model``, ``layout``, ``fit`` and ``evaluation`` (what each split read), ``templates`` (name, kind,
 summary), ``explained`` and ``explained_off_first`` (the model's evaluation shares with 95%
 intervals), ``explained_unconditioned`` (the same with every head's pooled description, to show
@@ -20,6 +20,13 @@ where ``headscope weights`` refuses the model) and ``matters`` (with ``--ablate`
 ``{value, ci_low, ci_high}`` in nats per token on the evaluation windows, ``random_layer``,
 ``random_heads``, ``rank_in_layer`` where every head of its layer was ablated); at the top,
 ``writes`` and ``ablation`` (how each was measured). See :mod:`.card`.
+
+``headscope-atlas/2`` adds, with ``describe --why``, per head ``why`` (why it attends where it
+does, from ``headscope qk`` on the same windows: ``key`` and ``query``, its top sources each side as
+``{source, kind, role, share, ci_low, ci_high}``, ``margin``, and ``reconstructed``, the explained
+share of its attention rebuilt from its top k sources each side, ``{k, explained, ci_low,
+ci_high}``) and at the top ``why`` (what it read: ``data``, ``windows``, ``rows_per_window``, and
+the decomposition's ``check``). Readers accept ``headscope-atlas/1`` documents, which have neither.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from headscope.verdicts.roles import head_roles
 from .fit import MIN_CLASS_QUERIES, EvalStats, Fitted, bootstrap_shares
 from .templates import QUERY_CLASSES, Template, Text
 
-SCHEMA = "headscope-atlas/1"
+SCHEMA = "headscope-atlas/2"
+READABLE = ("headscope-atlas/1", SCHEMA)  # /1 has no why blocks; everything else is the same
+WHY_SOURCES = 5  # sources per side kept in a head's why block
 KINDS = ("sink", "offset", "diffuse", "token", "structure", "syntax", "key-class", "other")
 SINK_SHARE = 0.5  # "sink" only for a head that puts at least this much on the first token
 
@@ -63,6 +72,7 @@ class Atlas:
     notes: list[str] = field(default_factory=list)
     writes: dict[str, Any] | None = None  # how the heads' writes were read (see .card)
     ablation: dict[str, Any] | None = None  # how the heads were ablated (--ablate; see .card)
+    why: dict[str, Any] | None = None  # what describe --why read (see set_why)
 
     def by_layer(self) -> dict[str, dict[str, int]]:
         """Per layer, how many heads have each dominant kind (the division of labour)."""
@@ -83,6 +93,27 @@ class Atlas:
         }
         for entry in self.heads:
             entry["roles"] = found.get((entry["layer"], entry["head"]), [])
+
+    def set_why(self, found: Any) -> None:
+        """Each head's why block from ``headscope qk``'s result (a ``QKResult``) on the same windows."""
+        by_head = {(e["layer"], e["head"]): e for e in found.heads}
+        keep = ("source", "kind", "role", "share", "ci_low", "ci_high")
+        for entry in self.heads:
+            explained = by_head.get((entry["layer"], entry["head"]))
+            if explained is None:
+                continue
+            entry["why"] = {
+                "key": [{k: item[k] for k in keep} for item in explained["key"][:WHY_SOURCES]],
+                "query": [{k: item[k] for k in keep} for item in explained["query"][:WHY_SOURCES]],
+                "margin": explained["margin"],
+                "reconstructed": explained.get("reconstructed", []),
+            }
+        self.why = {
+            "data": found.data,
+            "windows": found.windows,
+            "rows_per_window": found.rows_per_window,
+            "check": found.check,
+        }
 
     def head(self, layer: int, head: int) -> dict[str, Any]:
         for entry in self.heads:
@@ -119,14 +150,17 @@ class Atlas:
             "notes": self.notes,
             **({"writes": self.writes} if self.writes is not None else {}),
             **({"ablation": self.ablation} if self.ablation is not None else {}),
+            **({"why": self.why} if self.why is not None else {}),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Atlas:
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in READABLE:
             from headscope.errors import InputError
 
-            raise InputError(f"not an atlas of schema {SCHEMA} (schema {data.get('schema')!r})")
+            raise InputError(
+                f"not an atlas of schema {' or '.join(READABLE)} (schema {data.get('schema')!r})"
+            )
         keys = ("model", "layout", "templates", "heads", "explained", "explained_off_first")
         return cls(
             **{k: data[k] for k in keys},
@@ -137,6 +171,7 @@ class Atlas:
             notes=list(data.get("notes", [])),
             writes=data.get("writes"),
             ablation=data.get("ablation"),
+            why=data.get("why"),
         )
 
 
@@ -423,7 +458,8 @@ def _estimate_schema(description: str) -> dict[str, Any]:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of the atlas (``headscope-atlas/1``), as documented in docs/reference/outputs.md."""
+    """The JSON Schema of the atlas (``headscope-atlas/2``; it reads /1 too), as documented in
+    docs/reference/outputs.md."""
     component = {
         "type": "object",
         "required": ["template", "name", "weight", "query_class"],
@@ -493,6 +529,41 @@ def json_schema() -> dict[str, Any]:
             "rank_in_layer": {"type": "integer", "minimum": 1},
         },
     }
+    source = {
+        "type": "object",
+        "required": ["source", "kind", "share"],
+        "properties": {
+            "source": {"type": "string", "description": "embed, LjHm, mlpj or bias"},
+            "kind": {"enum": ["embed", "head", "mlp", "bias"]},
+            "role": {"type": "string"},
+            "share": {"type": "number", "description": "its share of the head's margin on this side"},
+            "ci_low": {"type": ["number", "null"]},
+            "ci_high": {"type": ["number", "null"]},
+        },
+    }
+    why = {
+        "type": "object",
+        "description": "describe --why: the sources of the head's queries and keys (headscope qk)",
+        "required": ["key", "query", "margin"],
+        "properties": {
+            "key": {"type": "array", "items": source},
+            "query": {"type": "array", "items": source},
+            "margin": {"type": "number"},
+            "reconstructed": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["k", "explained"],
+                    "properties": {
+                        "k": {"type": "integer", "minimum": 0},
+                        "explained": {"type": "number"},
+                        "ci_low": {"type": ["number", "null"]},
+                        "ci_high": {"type": ["number", "null"]},
+                    },
+                },
+            },
+        },
+    }
     head = {
         "type": "object",
         "required": [
@@ -540,11 +611,12 @@ def json_schema() -> dict[str, Any]:
             },
             "writes": writes,
             "matters": matters,
+            "why": why,
         },
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://headscope.invalid/schemas/headscope-atlas-1.json",
+        "$id": "https://headscope.invalid/schemas/headscope-atlas-2.json",
         "title": "headscope atlas",
         "type": "object",
         "required": [
@@ -560,7 +632,7 @@ def json_schema() -> dict[str, Any]:
             "heads",
         ],
         "properties": {
-            "schema": {"const": SCHEMA},
+            "schema": {"enum": list(READABLE)},
             "model": {"type": "string"},
             "layout": {
                 "type": "object",
@@ -592,6 +664,17 @@ def json_schema() -> dict[str, Any]:
             },
             "heads": {"type": "array", "items": head},
             "notes": {"type": "array", "items": {"type": "string"}},
+            "why": {
+                "type": "object",
+                "description": "describe --why: what the decomposition read",
+                "required": ["data", "windows", "check"],
+                "properties": {
+                    "data": {"type": "string"},
+                    "windows": {"type": "object"},
+                    "rows_per_window": {"type": ["integer", "null"]},
+                    "check": {"type": "object"},
+                },
+            },
             "writes": {
                 "type": "object",
                 "required": ["tokens", "k", "embedding", "seed", "reason"],

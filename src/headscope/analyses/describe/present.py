@@ -74,9 +74,29 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
             highlight=False,
             markup=False,
         )
-        extra = [writes_line(head) if _writes_read(atlas) else None, matters_line(head)]
+        extra = [writes_line(head) if _writes_read(atlas) else None, matters_line(head), why_line(head)]
         for line in filter(None, extra):
             console.print(f"       {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def why_line(head: dict[str, Any]) -> str | None:
+    """ "why: keys from L16H0 (previous-token) 0.35 [0.33, 0.37], mlp11 0.25; queries from mlp0 0.21;
+    the description explains 0.41, its top 3 key and query sources rebuild 0.49" (describe --why)."""
+    why = head.get("why")
+    if not why:
+        return None
+    from headscope.analyses.qk_present import source_text
+
+    keys = ", ".join(source_text(item) for item in why["key"][:2])
+    queries = ", ".join(source_text(item) for item in why["query"][:2])
+    text = f"why: keys from {keys}; queries from {queries}"
+    rebuilt = next((r for r in why.get("reconstructed", []) if r["k"] == 3), None)
+    if rebuilt is not None:
+        text += (
+            f"; the description explains {head['explained']['value']:.2f}, its top 3 key and query "
+            f"sources rebuild {rebuilt['explained']:.2f}"
+        )
+    return text
 
 
 def _writes_read(atlas: Atlas) -> bool:
@@ -138,7 +158,7 @@ def head_card(head: dict[str, Any], fit_counts: dict[str, int] | None = None) ->
 
 def _card_lines(head: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's lines on what the head writes (or why that was not read) and whether it matters."""
-    lines = [("writes", writes_line(head)), ("matters", matters_line(head))]
+    lines = [("writes", writes_line(head)), ("matters", matters_line(head)), ("why", why_line(head))]
     return [(cls, line) for cls, line in lines if line]
 
 
