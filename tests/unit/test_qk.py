@@ -225,3 +225,14 @@ def test_describe_why_adds_each_heads_sources_to_its_card(toy, tmp_path):
     old.pop("why")
     jsonschema.validate(old, json_schema())
     assert Atlas.from_json(old).why is None
+
+
+def test_sources_too_large_for_memory_are_refused_before_any_pass(toy, monkeypatch):
+    from headscope.capture import sources
+
+    monkeypatch.setattr(sources, "MAX_SOURCE_BYTES", 1000)
+    calls = []
+    monkeypatch.setattr(capture, "run", lambda *a, **k: calls.append(a))
+    with pytest.raises(InputError, match="lower --context"):
+        hs.qk(toy, repeat_seq=2, seq_len=8, windows=2)
+    assert not calls

@@ -1,0 +1,123 @@
+"""qk's cost as a multiple of a bare forward over the same tokens: every head, and one head by depth.
+
+    python benchmarks/bench_qk.py --model smollm2-135m --lengths 512,2048 [--json out.json] [--every 512]
+    python benchmarks/bench_qk.py --table benchmarks/results/qk-smollm2-135m.json
+
+One process, the model loaded once, priced by the cost ledger as ``bench_ratios.py`` prices every
+analysis (a bare SDPA forward timed in the same run, scaled by the tokens qk's passes ran; a pass
+that stops after layer l counts l/L of a forward). Two measurements per length L:
+
+- every head (at the lengths of ``--every``): ``hs.qk`` over every head, 2 windows per split of L
+  tokens of shipped English text, the default 64 query rows a window, no bootstrap;
+- by depth: one head (H0) of layers 0, L/6, ..., the last, at the same windows: each layer's
+  decomposition projects every source below it (1 + 10 x layer sources on SmolLM2), so the cost
+  grows with depth.
+
+Quote the ratios, not the seconds: these machines differ 3-4x in speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import headscope as hs
+from headscope.capture import ledger
+from headscope.files import write_atomic
+from headscope.models import load
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ratios import peak  # noqa: E402
+
+
+def priced(loaded, run) -> dict:
+    with ledger.recording() as book, peak() as memory, contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
+        started = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - started
+    (cost,) = book.costs(loaded, {"run": seconds})
+    return {
+        "seconds": seconds,
+        "passes": cost.passes,
+        "tokens": cost.tokens,
+        "bare_seconds": cost.bare_seconds,
+        "ratio": cost.ratio,
+        "peak_mb": memory["mb"],
+    }
+
+
+def measure(model: str, lengths: list[int], every_at: set[int], save=None) -> dict:
+    loaded = load(model)
+    layers = loaded.layout.n_layers
+    depths = sorted({round(i * (layers - 1) / 5) for i in range(6)})
+    hs.qk(loaded, heads="L1H0", context=128, windows=2, resamples=0)  # warm-up
+    out = []
+    for length in lengths:
+
+        def every(length: int = length) -> None:
+            hs.qk(loaded, context=length, windows=2, resamples=0)
+
+        if length in every_at:
+            row = {"what": "every head", "length": length, **priced(loaded, every)}
+            out.append(row)
+            print(f"L={length} every head: {row['seconds']:.0f} s, {row['ratio']:.1f}x bare", file=sys.stderr)
+            if save is not None:
+                save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
+        for depth in depths:
+
+            def one(depth: int = depth, length: int = length) -> None:
+                hs.qk(loaded, heads=f"L{depth}H0", context=length, windows=2, resamples=0)
+
+            row = {"what": f"L{depth}H0", "layer": depth, "length": length, **priced(loaded, one)}
+            out.append(row)
+            print(f"  L{depth}H0: {row['seconds']:.1f} s, {row['ratio']:.2f}x bare", file=sys.stderr)
+            if save is not None:
+                save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
+    return {"model": model, "torch_threads": torch.get_num_threads(), "runs": out}
+
+
+def table(data: dict) -> str:
+    lines = [
+        f"{data['model']}, {data['torch_threads']} torch threads; x bare = wall time over a bare SDPA "
+        "forward of the same tokens, both measured in this run",
+        "",
+        f"{'heads':<12} {'tokens':>6}  {'passes':>6}  {'x bare':>8}  {'peak MB':>8}",
+    ]
+    for row in data["runs"]:
+        lines.append(
+            f"{row['what']:<12} {row['length']:>6}  {row['passes']:>6}  {row['ratio']:>7.2f}x  {row['peak_mb']:>8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--lengths", default="512,2048")
+    parser.add_argument("--every", default="512", help="lengths at which every head is measured too")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--table", type=Path, default=None, help="print the table of a saved --json and stop")
+    args = parser.parse_args()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return
+
+    def save(data: dict) -> None:
+        if args.json is not None:
+            write_atomic(args.json, json.dumps(data, indent=2) + "\n", "--json", force=True)
+
+    every = {int(x) for x in args.every.split(",") if x}
+    data = measure(args.model, [int(x) for x in args.lengths.split(",")], every, save)
+    save(data)
+    print(table(data))
+
+
+if __name__ == "__main__":
+    main()
