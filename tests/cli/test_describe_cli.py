@@ -36,7 +36,7 @@ def test_describe_writes_the_atlas(described):
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     atlas = data["atlas"]
-    assert atlas["schema"] == "headscope-atlas/1"
+    assert atlas["schema"] == "headscope-atlas/2"
     import jsonschema
 
     from headscope.analyses.describe.atlas import json_schema
@@ -194,3 +194,143 @@ def test_a_registered_template_joins_the_library(toy, toy_texts):
         assert names <= {"two-back-mine", "sink"} and "two-back-mine" in names
     finally:
         TEMPLATES.unregister("two-back-mine")
+
+
+# --- damaged atlases, repeated languages, and inputs that would have been silently wrong -------------
+
+
+def _damaged_copy(out, tmp_path, name, damage):
+    data = json.loads(out.read_text())
+    damage(data["atlas"])
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _drop_explained(atlas):
+    del atlas["heads"][1]["explained"]
+
+
+def _twice(atlas):
+    atlas["heads"][1] = dict(atlas["heads"][0])
+
+
+def _weight(atlas):
+    atlas["heads"][0]["components"][0]["weight"] = 1.5
+
+
+def _layer(atlas):
+    atlas["heads"][3]["layer"] = 7
+
+
+def _no_components(atlas):
+    for head in atlas["heads"]:
+        del head["components"]
+
+
+def _no_heads(atlas):
+    del atlas["heads"]
+
+
+def _schema(atlas):
+    atlas["schema"] = "headscope-atlas/9"
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_drop_explained, "atlas.heads[1]: missing 'explained'"),
+        (_twice, "atlas.heads[1]: L0H0 again (heads[0])"),
+        (_weight, "atlas.heads[0].components[0].weight: 1.5 is above the maximum 1"),
+        (_layer, "atlas.heads[3].layer: 7 is outside the 2 layers"),
+        (_no_components, "atlas.heads[0]: missing 'components'"),
+        (_no_heads, "atlas: missing 'heads'"),
+        (_schema, "atlas.schema: 'headscope-atlas/9' is not an atlas this headscope reads"),
+    ],
+)
+def test_a_damaged_atlas_is_refused_by_compare_report_and_the_api(described, tmp_path, damage, message):
+    import headscope as hs
+
+    _, out, _ = described
+    bad = _damaged_copy(out, tmp_path, "bad.json", damage)
+    for args in (
+        ("compare", out, bad),
+        ("compare", bad, out),
+        ("report", bad, "--html", tmp_path / "r.html"),
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"bad.json: {message}" in result.output, result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    with pytest.raises(hs.InputError, match="bad.json: atlas"):
+        hs.Result.from_json(bad)
+
+
+def test_repeated_languages_read_each_window_once(toy):
+    from headscope.analyses.describe import Describe, DescribeOptions
+
+    twice = Describe().check(DescribeOptions(lang="en,en"))
+    once = Describe().check(DescribeOptions(lang="en"))
+    assert [s.name for s in twice.fit_sources] == [s.name for s in once.fit_sources]
+    assert [s.name for s in twice.eval_sources] == [s.name for s in once.eval_sources]
+
+
+def test_a_treebank_given_as_eval_text_is_refused(toy_dir, tmp_path):
+    from headscope.data.prompts import configs_dir
+
+    treebank = (configs_dir() / "syntax" / "en.conllu").read_text(encoding="utf-8")
+    for name in ("tb.conllu", "tb.txt"):  # by its name, or by its lines
+        (tmp_path / name).write_text(treebank, encoding="utf-8")
+        result = invoke("describe", toy_dir, "--eval-text", tmp_path / name, *SMALL)
+        assert result.exit_code == 2, result.output
+        assert f"--eval-text {tmp_path / name}" in result.output or name in result.output
+        assert "CoNLL-U" in result.output and "--eval-treebank" in result.output
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("templates", "message"),
+    [
+        ("offset+1,sep", "--templates offset+1, sep: encoder-only"),
+        ("offset-1,offset+2", "--templates offset+2: encoder-only"),
+    ],
+)
+def test_encoder_only_templates_are_refused_on_a_causal_model(toy_dir, templates, message):
+    result = invoke("describe", toy_dir, "--templates", templates, *SMALL)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_templates_that_never_apply_are_refused_or_named(toy, toy_texts):
+    import numpy as np
+
+    import headscope as hs
+    from headscope.analyses.describe.templates import TEMPLATES
+
+    def nothing(text):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+
+    def ahead(text):  # keys after the query: a causal model never sees them
+        queries = np.arange(1, len(text) - 2)
+        return queries, queries + 2, np.ones(len(queries))
+
+    hs.register(hs.Template("never-mine", "names nothing", nothing, "other"))
+    hs.register(hs.Template("ahead-mine", "two tokens ahead", ahead, "offset"))
+    common = {"eval_text": toy_texts, "context": 32, "windows": 2, "resamples": 0, "writes": False}
+    try:
+        with pytest.raises(hs.InputError, match=r"no template names a key .* \(never-mine, ahead-mine\)"):
+            hs.describe(toy, templates="never-mine,ahead-mine", **common)
+        result = hs.describe(toy, templates="never-mine,offset-1,ahead-mine", **common)
+        assert [t["name"] for t in result.atlas.templates] == ["offset-1"]
+        assert any("never-mine, ahead-mine name no key" in note for note in result.notes)
+    finally:
+        TEMPLATES.unregister("never-mine")
+        TEMPLATES.unregister("ahead-mine")
+
+
+def test_a_template_given_twice_is_fitted_once(toy, toy_texts):
+    import headscope as hs
+
+    common = {"eval_text": toy_texts, "context": 32, "windows": 2, "resamples": 0, "writes": False}
+    result = hs.describe(toy, templates="offset-1,sink,offset-1", **common)
+    assert [t["name"] for t in result.atlas.templates] == ["offset-1", "sink"]

@@ -79,7 +79,7 @@ def test_atlases_of_different_layouts_are_refused():
 
 
 def test_an_atlas_reads_back_from_its_json():
-    a = _atlas([_head(0, 0, [("offset-1", 1.0, "all")], "offset-1")])
+    a = _atlas([_head(0, 0, [("offset-1", 1.0, "all")], "offset-1")], n_heads=1)
     again = Atlas.from_json(a.to_json())
     assert again.to_json() == a.to_json()
     with pytest.raises(InputError, match="headscope-atlas/1"):
@@ -123,3 +123,99 @@ def test_classes_without_a_fit_of_their_own_read_as_otherwise():
     )
     # Without the counts (an old atlas), every class reads as measured, as before.
     assert describe_components(components).startswith("on punctuation: 1.00 offset-1")
+
+
+# --- a damaged atlas is refused on read, naming the file and the JSON path --------------------------
+
+
+def _valid() -> dict:
+    return _atlas(
+        [
+            _head(0, 0, [("offset-1", 1.0, "all")], "offset-1"),
+            _head(0, 1, [("sink", 0.6, "all"), ("offset-1", 0.4, "all")], "sink"),
+            _head(0, 2, [("broad", 1.0, "all")], "broad"),
+        ]
+    ).to_json()
+
+
+def _damage(path: str, value, data: dict | None = None) -> dict:
+    """``data`` with the value at ``path`` (``heads.1.components.0.weight``) set, or deleted (``...``)."""
+    import copy
+
+    data = copy.deepcopy(data or _valid())
+    parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+    target = data
+    for part in parts[:-1]:
+        target = target[part]
+    if value is ...:
+        del target[parts[-1]]
+    else:
+        target[parts[-1]] = value
+    return data
+
+
+DAMAGED = [
+    ("heads.1.components.0.weight", 1.5, "heads[1].components[0].weight: 1.5 is above the maximum 1"),
+    ("heads.1.components.0.weight", -0.2, "heads[1].components[0].weight: -0.2 is below the minimum 0"),
+    ("heads.0.explained.value", 1.7, "heads[0].explained.value: 1.7 is above the maximum 1"),
+    ("heads.0.explained", ..., "heads[0]: missing 'explained'"),
+    ("heads", ..., ": missing 'heads'"),
+    ("heads.2.components", ..., "heads[2]: missing 'components'"),
+    ("heads.2.layer", 3, "heads[2].layer: 3 is outside the 1 layers"),
+    ("heads.2.head", 1, "heads[2]: L0H1 again (heads[1])"),
+    ("heads.1.components.1.weight", 0.5, "weights for query class 'all' sum to 1.1, more than 1"),
+    ("heads.0.dominant_kind", "mine", 'heads[0].dominant_kind: "mine" is not one of'),
+    ("covered", 1.2, "covered: 1.2 is above the maximum 1"),
+    ("heads.0.first_token", "0.4", 'heads[0].first_token: expected number, got "0.4"'),
+    ("layout.heads", 4, "heads: 3 heads for a layout of 1 x 4: L0H3 and 0 more have no card"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), DAMAGED)
+def test_a_damaged_atlas_is_refused_on_read(path, value, message):
+    import jsonschema
+
+    from headscope.analyses.describe.atlas import json_schema
+
+    damaged = _damage(path, value)
+    with pytest.raises(InputError, match="a.json: ") as refused:
+        Atlas.from_json(damaged, "a.json")
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value)
+    schema_catches = "outside" not in message and "again" not in message and "sum to" not in message
+    if schema_catches and "have no card" not in message:  # the rest a JSON Schema cannot say
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(damaged, json_schema())
+
+
+def test_the_atlas_and_its_schema_agree_with_jsonschema():
+    import jsonschema
+
+    from headscope.analyses.describe.atlas import json_schema
+
+    jsonschema.Draft202012Validator.check_schema(json_schema())
+    jsonschema.validate(_valid(), json_schema())
+    Atlas.from_json(_valid())
+
+
+def test_an_atlas_of_another_schema_names_the_file():
+    with pytest.raises(InputError, match=r"^b\.json: schema: .headscope-atlas/9. is not an atlas"):
+        Atlas.from_json({**_valid(), "schema": "headscope-atlas/9"}, "b.json")
+
+
+def test_a_built_atlas_that_fails_its_schema_is_not_written():
+    from headscope.analyses.describe.atlas import AtlasError
+
+    broken = _atlas([_head(0, 0, [("offset-1", 1.0, "all")], "offset-1")], n_heads=1)
+    broken.heads[0]["explained"]["value"] = float("nan")  # a writer must say null
+    with pytest.raises(AtlasError, match=r"heads\[0\]\.explained\.value: expected number or null"):
+        broken.to_json()
+
+
+def test_the_schema_reader_refuses_a_keyword_it_does_not_read():
+    from headscope.core import schemacheck
+
+    with pytest.raises(ValueError, match="pattern"):
+        schemacheck.check({"type": "string", "pattern": "^a"}, "b")
+    with pytest.raises(schemacheck.SchemaProblem, match="fits 2 of the 2"):
+        schemacheck.check({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 3)

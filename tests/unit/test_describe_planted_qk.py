@@ -94,7 +94,15 @@ def position_logits(pattern: str) -> np.ndarray:
         "sink+offset-1": sink_and_offset,
         "conditioned": offset_one,
         "broad": lambda: np.zeros((T, T)),  # uniform over the visible keys
+        "sink": sink,
     }[pattern]()
+
+
+def sink() -> np.ndarray:
+    """Everything on key 0 (e^-30 of it on each other key: about 1e-12 off the first token)."""
+    s = np.zeros((T, T))
+    s[:, 0] = L
+    return s
 
 
 def expected_logits(pattern: str, punct: np.ndarray) -> np.ndarray:
@@ -106,14 +114,14 @@ def expected_logits(pattern: str, punct: np.ndarray) -> np.ndarray:
     return s
 
 
-def planted_model():
+def planted_model(layers: list[list[str]] = LAYERS):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
         vocab_size=64,
         n_positions=T,
         n_embd=D,
-        n_layer=len(LAYERS),
+        n_layer=len(layers),
         n_head=N_HEADS,
         n_inner=4 * D,
         resid_pdrop=0.0,
@@ -145,7 +153,7 @@ def planted_model():
             block.ln_1.weight.fill_(1.0)
             block.ln_1.bias.fill_(mean / sigma)  # ln_1(x) = (x - mean)/σ + mean/σ = x/σ
             weight = torch.zeros(D, 3 * D)  # Conv1D: out = x @ weight + bias; q | k | v
-            for head, pattern in enumerate(LAYERS[layer]):
+            for head, pattern in enumerate(layers[layer]):
                 cols = slice(head * HEAD_DIM, (head + 1) * HEAD_DIM)
                 q_cols = torch.arange(head * HEAD_DIM, head * HEAD_DIM + T)
                 s = torch.tensor(position_logits(pattern), dtype=torch.float32)
@@ -333,3 +341,45 @@ def test_hs_describe_recovers_the_positional_heads_end_to_end(planted, tmp_path)
             for name, weight in planted_weights.items():
                 assert weights(entry).get(name, 0) == pytest.approx(weight, abs=0.05), entry["components"]
             assert entry["explained"]["value"] >= 0.95
+
+
+# --- heads with no attention off the first token ---------------------------------------------------
+
+SINK_LAYERS = [["sink", "offset-1", "sink", "broad"], ["sink", "sink", "offset-1", "sink"]]
+
+
+def test_a_sink_head_has_no_off_first_share_and_the_model_pools_the_rest():
+    """A pure sink head puts about 1e-12 of its attention off the first token: its off-first share
+    is null (0/0, not 0), and the model's off-first figure pools the heads' attention off the
+    first token, so the five sinks neither drag it down (the mean of 0s and 1s was 0.375 here) nor
+    count as explained."""
+    model, tokenizer = planted_model(SINK_LAYERS)
+    loaded = wrap(model, tokenizer)
+    found, _ = describe_heads(
+        loaded,
+        [source(f"fit{i}", 3 * CONTEXT, i) for i in range(2)],
+        [source(f"eval{i}", 2 * CONTEXT, 100 + i) for i in range(3)],
+        eval_from="planted eval texts",
+        context=CONTEXT,
+        windows_per_split=None,
+        n_resamples=100,
+        seed=0,
+    )
+    for layer, patterns in enumerate(SINK_LAYERS):
+        for head, pattern in enumerate(patterns):
+            entry = found.head(layer, head)
+            off = entry["explained_off_first"]
+            if pattern == "sink":
+                assert off == {"value": None, "ci_low": None, "ci_high": None}, (layer, head, off)
+                assert entry["explained"]["value"] >= 0.99
+            else:
+                assert off["value"] >= 0.95, (layer, head, off)
+    model_off = found.explained_off_first
+    assert model_off["value"] >= 0.99 and model_off["ci_low"] >= 0.95, model_off
+    assert model_off["heads_without"] == 5 and "pooled over heads" in model_off["pooling"]
+    assert found.explained["pooling"] == "mean over heads"
+    data = found.to_json()  # checked against its own schema, nulls included
+    from headscope.analyses.describe.present import head_card, summary_line
+
+    assert "5 heads have no attention off the first token" in summary_line(found)
+    assert "none to explain" in head_card(data["heads"][0])

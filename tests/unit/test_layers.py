@@ -23,7 +23,8 @@ LAYERS: list[tuple[int, list[str]]] = [
     # The leaf: the package root (only for __version__), errors, file writing (which raises
     # errors' OutputError), and core/: the registries' live mapping, the role spec (a plain record that detectors and weights, siblings,
     # both declare their roles with) and the weight-only tables' specs (detectors check role labels
-    # against them). One group, so files may import errors.
+    # against them), and the reader of the JSON Schemas headscope publishes. One group, so files may
+    # import errors.
     (0, ["leaf"]),
     (1, ["models", "data"]),
     # capture takes its model duck-typed; models decide the capture mode without importing it
@@ -48,6 +49,7 @@ LEAF_MODULES = {
     "headscope.core.registry",
     "headscope.core.rolespec",
     "headscope.core.weighttables",
+    "headscope.core.schemacheck",
 }
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.

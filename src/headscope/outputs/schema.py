@@ -653,6 +653,17 @@ def _check(saved: Any) -> list[str]:
         raise Refusal("the document", f"expected an object (a headscope result), got {shown(saved)}")
     notes = [note] if (note := _check_version(saved)) else []
     RESULT.check("", saved)
+    if saved.get("atlas") is not None:
+        # describe's atlas has a schema of its own, checked the same way: a damaged one is refused
+        # here, before compare prints distances from it or the report drops its section.
+        from headscope.analyses.describe.atlas import ATLAS_HINT, atlas_problems
+        from headscope.core.schemacheck import SchemaProblem
+
+        try:
+            atlas_problems(saved["atlas"])
+        except SchemaProblem as problem:
+            where = "atlas" if problem.where == "the document" else f"atlas.{problem.where}"
+            raise Refusal(where, problem.problem, hint=ATLAS_HINT) from None
     # What the declaration cannot say: the sizes agree, and each head appears once.
     layout = saved["layout"]
     layers, heads = int(layout["layers"]), int(layout["heads"])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from headscope.errors import InputError
 from headscope.extend.base import (
     Report,
@@ -176,6 +178,9 @@ def describe_heads(
     (roles left empty: :meth:`Atlas.set_roles`), and the evaluation batches. ``detectors`` ride
     along on the evaluation pass (describe's own roles; scan brings its own). ``rows``: the query
     rows read per window (:class:`~.fit.RowSample`; None: every row)."""
+    # A source given twice ("--lang en,en") would be read twice and bootstrapped as independent.
+    fit_sources = list({s.name: s for s in fit_sources}.values())
+    eval_sources = list({s.name: s for s in eval_sources}.values())
     fit_texts = balanced(windows(loaded, fit_sources, context), windows_per_split)
     eval_texts = balanced(windows(loaded, eval_sources, context), windows_per_split)
     if len(eval_texts) < 2:
@@ -186,10 +191,14 @@ def describe_heads(
     if len(fit_texts) < 1:
         raise InputError("no text to fit the descriptions on", hint="check --lang")
     chosen = chosen_templates(loaded.is_causal, templates)
+    fit_maps = TemplateMaps(chosen, fit_texts)
+    chosen, silent = _applying(chosen, fit_maps, fit_texts)
+    if silent:
+        fit_maps = TemplateMaps(chosen, fit_texts)
     n_layers, n_heads = loaded.layout.n_layers, loaded.layout.n_heads
     rows = rows or None
     fit_rows, eval_rows = RowSample(rows, seed, salt=0), RowSample(rows, seed, salt=1)
-    stats = FitStats(TemplateMaps(chosen, fit_texts), fit_texts, n_layers, n_heads, fit_rows)
+    stats = FitStats(fit_maps, fit_texts, n_layers, n_heads, fit_rows)
     _pass(loaded, fit_texts, [stats], fit_rows, batch_size, progress, "describe: fit")
     fitted = fit(stats, max_templates=max_templates, conditioning=conditioning)
     measured = EvalStats(TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads, eval_rows)
@@ -206,10 +215,37 @@ def describe_heads(
         n_resamples=n_resamples,
         seed=seed,
     )
+    if silent:
+        found.notes.append(
+            f"describe: {', '.join(silent)} name{'s' if len(silent) == 1 else ''} no key this model can "
+            f"attend to on the {len(fit_texts)} fit windows (none, or only keys after the query); left out"
+        )
     # The measure is each head's mean over its queries; these rows per window are its estimator.
     found.evaluation["rows_per_window"] = rows  # None: every row
     found.fit["rows_per_window"] = rows
     return found, batches
+
+
+def _applying(
+    chosen: list[Template], maps: TemplateMaps, texts: list[Text]
+) -> tuple[list[Template], list[str]]:
+    """The templates that name at least one key at some query of the fit texts, and the names of
+    those that name none (an encoder-only pattern on a causal model, a user's template whose keys
+    all lie after the query, or one with no targets): a template that never applies would leave
+    every head "none", explained 0, with nothing said. None applying is refused."""
+    hits = np.zeros(len(chosen), dtype=np.int64)
+    for example, text in enumerate(texts):
+        t, q, _, _ = maps.targets(example)
+        queries = (q > 0) & text.content[q] if len(q) else np.zeros(0, dtype=bool)
+        hits += np.bincount(t[queries], minlength=len(chosen))
+    silent = [template.name for template, n in zip(chosen, hits, strict=True) if n == 0]
+    if len(silent) == len(chosen):
+        raise InputError(
+            f"no template names a key this model can attend to on the {len(texts)} fit windows "
+            f"({', '.join(silent)}): every head would be described by nothing",
+            hint="choose templates that look at the query's own or earlier keys (--templates)",
+        )
+    return [template for template, n in zip(chosen, hits, strict=True) if n > 0], silent
 
 
 @register
@@ -236,12 +272,14 @@ class Describe(Analysis):
         check_common(options)
         names = split_names(options.templates)
         if names is not None:
-            chosen_templates(True, names)  # unknown names are refused here
+            chosen_templates(False, names)  # unknown names are refused here (encoder-only ones once loaded)
             if not names:
                 raise InputError(
                     "--templates is empty", hint="name at least one template, or drop --templates"
                 )
-        langs = split_names(options.lang) or list(LANGS)
+        # Each language once: "en,en" would read every window twice, and the bootstrap would take
+        # the copies for independent windows.
+        langs = list(dict.fromkeys(split_names(options.lang) or LANGS))
         fit_sources = shipped_sources("fit", langs)
         if options.eval_text is not None and options.eval_treebank is not None:
             raise InputError("give --eval-text or --eval-treebank, not both")
@@ -257,6 +295,9 @@ class Describe(Analysis):
         extra = 1 if loaded.is_causal else 2
         check_context(loaded, options.context + extra, f"--context {options.context} (with special tokens)")
         check_ablate(loaded, options.ablate)
+        names = split_names(options.templates)
+        if names:
+            chosen_templates(loaded.is_causal, names)
 
     def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
         detectors = detectors_for("text", None)

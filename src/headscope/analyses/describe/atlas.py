@@ -31,6 +31,7 @@ the decomposition's ``check``). Readers accept ``headscope-atlas/1`` documents, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,21 +39,41 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from headscope.core import schemacheck
+from headscope.errors import HeadscopeError, InputError
 from headscope.verdicts.roles import head_roles
 
-from .fit import MIN_CLASS_QUERIES, EvalStats, Fitted, bootstrap_shares
-from .templates import QUERY_CLASSES, Template, Text
+from .fit import MIN_CLASS_QUERIES, EvalStats, Fitted, bootstrap_pooled, bootstrap_shares
+from .templates import KINDS, QUERY_CLASSES, Template, Text
 
 SCHEMA = "headscope-atlas/2"
 READABLE = ("headscope-atlas/1", SCHEMA)  # /1 has no why blocks; everything else is the same
 WHY_SOURCES = 5  # sources per side kept in a head's why block
-KINDS = ("sink", "offset", "diffuse", "token", "structure", "syntax", "key-class", "other")
 SINK_SHARE = 0.5  # "sink" only for a head that puts at least this much on the first token
+# A head with less than this share of its attention off the first token has no off-first share
+# (null): the ratio would be of almost nothing (0/0 for a pure sink).
+OFF_FIRST_MIN = 1e-4
+WEIGHT_SLACK = 1e-5  # a class's weights, each rounded to 6 digits, may sum to 1 plus rounding
+POOLED_OFF_FIRST = (
+    "pooled over heads: the explained attention off the first token of every head over all their "
+    "attention off the first token (a head weighs by its attention there)"
+)
 
 
-def _estimate(value: float, low: float, high: float) -> dict[str, float | None]:
+class AtlasError(HeadscopeError):
+    """headscope built an atlas that fails its own schema: a bug in headscope, not in the input."""
+
+    exit_code = 1
+
+
+def _estimate(value: float, low: float, high: float, share: bool = True) -> dict[str, float | None]:
+    """``{value, ci_low, ci_high}``, rounded; NaN as null. A share is kept inside [0, 1] (float32
+    attention rows sum to 1 within rounding)."""
+
     def clean(x: float) -> float | None:
-        return None if x is None or not np.isfinite(x) else round(float(x), 6)
+        if x is None or not np.isfinite(x):
+            return None
+        return round(min(max(float(x), 0.0), 1.0) if share else float(x), 6)
 
     return {"value": clean(value), "ci_low": clean(low), "ci_high": clean(high)}
 
@@ -134,6 +155,18 @@ class Atlas:
         return {k: v for k, v in out.items() if v is not None}
 
     def to_json(self) -> dict[str, Any]:
+        """The atlas document, checked against its own schema (:func:`check_atlas`) before it is
+        given out: an atlas that fails it is headscope's bug, said as such."""
+        data = self._document()
+        try:
+            check_atlas(data, "the atlas headscope built")
+        except InputError as exc:
+            raise AtlasError(
+                f"{exc.message} (a bug in headscope)", hint="please report it with the command"
+            ) from None
+        return data
+
+    def _document(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "model": self.model,
@@ -154,13 +187,10 @@ class Atlas:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Atlas:
-        if data.get("schema") not in READABLE:
-            from headscope.errors import InputError
-
-            raise InputError(
-                f"not an atlas of schema {' or '.join(READABLE)} (schema {data.get('schema')!r})"
-            )
+    def from_json(cls, data: dict[str, Any], source: str = "atlas") -> Atlas:
+        """An atlas read back, checked first (:func:`check_atlas`): a damaged one is refused in one
+        line naming ``source`` and the JSON path."""
+        check_atlas(data, source)
         keys = ("model", "layout", "templates", "heads", "explained", "explained_off_first")
         return cls(
             **{k: data[k] for k in keys},
@@ -233,6 +263,8 @@ def role_map_fill(atlas: Atlas, roles: dict[tuple[int, int], str], resting: str 
 
 
 def _pct(entry: dict[str, Any]) -> str:
+    if entry.get("value") is None:
+        return "none"
     if entry.get("ci_low") is None:
         return f"{entry['value']:.2f}"
     return f"{entry['value']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
@@ -355,9 +387,15 @@ def build_atlas(
     explained, ex_low, ex_high, model_ex, model_ex_ci = bootstrap_shares(
         measured.explained, measured.counts, n_resamples, seed
     )
-    off, off_low, off_high, model_off, model_off_ci = bootstrap_shares(
+    off, off_low, off_high, _, _ = bootstrap_shares(
         measured.off_explained, measured.off_total, n_resamples, seed
     )
+    # The model's off-first share pools the heads (a ratio of sums, as each head's is over its
+    # queries): a head weighs by its attention off the first token, so a sink head, which has
+    # almost none, neither drags the figure to 0 nor counts as a head explained.
+    model_off, model_off_ci = bootstrap_pooled(measured.off_explained, measured.off_total, n_resamples, seed)
+    off_share = measured.off_total.sum(0).numpy() / max(float(measured.counts.sum()), 1e-12)
+    no_off = off_share < OFF_FIRST_MIN  # [L, H]: no attention off the first token to explain
     plain, _, _, model_plain, model_plain_ci = bootstrap_shares(
         measured.explained_plain, measured.counts, n_resamples, seed
     )
@@ -388,13 +426,13 @@ def build_atlas(
                     "head": head,
                     "kv_group": int(layout.kv_group(head)),
                     "explained": _estimate(explained[layer, head], ex_low[layer, head], ex_high[layer, head]),
-                    "explained_off_first": _estimate(
-                        off[layer, head], off_low[layer, head], off_high[layer, head]
-                    ),
-                    "explained_unconditioned": round(float(plain[layer, head]), 6),
-                    "first_token": round(float(first[layer, head]), 6),
-                    "covered": round(float(covered[layer, head]), 6),
-                    "left": round(float(1 - explained[layer, head]), 6),
+                    "explained_off_first": _estimate(math.nan, math.nan, math.nan)
+                    if no_off[layer, head]
+                    else _estimate(off[layer, head], off_low[layer, head], off_high[layer, head]),
+                    "explained_unconditioned": _share(plain[layer, head]),
+                    "first_token": _share(first[layer, head]),
+                    "covered": _share(covered[layer, head]),
+                    "left": _share(1 - explained[layer, head]),
                     "components": _components(w, conditioned, templates),
                     "dominant": dominant,
                     "dominant_kind": kind,
@@ -422,9 +460,13 @@ def build_atlas(
             for t in templates
         ],
         heads=heads,
-        explained=_estimate(model_ex, *model_ex_ci),
-        explained_off_first=_estimate(model_off, *model_off_ci),
-        explained_unconditioned=_estimate(model_plain, *model_plain_ci),
+        explained={**_estimate(model_ex, *model_ex_ci), "pooling": "mean over heads"},
+        explained_off_first={
+            **_estimate(model_off, *model_off_ci),
+            "pooling": POOLED_OFF_FIRST,
+            "heads_without": int(no_off.sum()),
+        },
+        explained_unconditioned={**_estimate(model_plain, *model_plain_ci), "pooling": "mean over heads"},
         covered=round(float(covered.mean()), 6),
         fit={
             "windows": len(fit_texts),
@@ -447,13 +489,28 @@ def build_atlas(
     )
 
 
-def _estimate_schema(description: str) -> dict[str, Any]:
-    number = {"type": ["number", "null"]}
+def _share(x: float) -> float:
+    """A share rounded to 6 digits, inside [0, 1]."""
+    return round(min(max(float(x), 0.0), 1.0), 6)
+
+
+def _estimate_schema(description: str, share: bool = False, pooled: bool = False) -> dict[str, Any]:
+    number: dict[str, Any] = {"type": ["number", "null"]}
+    if share:
+        number = {**number, "minimum": 0, "maximum": 1}
+    properties: dict[str, Any] = {"value": number, "ci_low": number, "ci_high": number}
+    if pooled:
+        properties["pooling"] = {"type": "string", "description": "how the heads' figures make the model's"}
+        properties["heads_without"] = {
+            "type": "integer",
+            "minimum": 0,
+            "description": "heads with no share of their own here (null: no attention off the first token)",
+        }
     return {
         "type": "object",
         "description": description,
         "required": ["value", "ci_low", "ci_high"],
-        "properties": {"value": number, "ci_low": number, "ci_high": number},
+        "properties": properties,
     }
 
 
@@ -586,12 +643,18 @@ def json_schema() -> dict[str, Any]:
             "layer": {"type": "integer", "minimum": 0},
             "head": {"type": "integer", "minimum": 0},
             "kv_group": {"type": "integer", "minimum": 0},
-            "explained": _estimate_schema("mean over queries of sum_k min(A, P), evaluation text"),
-            "explained_off_first": _estimate_schema("sum_q sum_{k>=1} min(A, P) / sum_q sum_{k>=1} A"),
-            "explained_unconditioned": {"type": "number"},
-            "first_token": {"type": "number"},
-            "covered": {"type": "number"},
-            "left": {"type": "number"},
+            "explained": _estimate_schema(
+                "mean over queries of sum_k min(A, P), evaluation text", share=True
+            ),
+            "explained_off_first": _estimate_schema(
+                "sum_q sum_{k>=1} min(A, P) / sum_q sum_{k>=1} A; null where less than "
+                f"{OFF_FIRST_MIN:g} of the head's attention is off the first token (nothing to explain)",
+                share=True,
+            ),
+            "explained_unconditioned": share,
+            "first_token": share,
+            "covered": share,
+            "left": share,
             "components": {"type": "array", "items": component},
             "dominant": {"type": "string"},
             "dominant_kind": {"enum": list(KINDS)},
@@ -604,7 +667,7 @@ def json_schema() -> dict[str, Any]:
                     "required": ["window", "off_first", "arrows"],
                     "properties": {
                         "window": {"type": "string"},
-                        "off_first": {"type": "number"},
+                        "off_first": share,
                         "arrows": {"type": "array", "items": arrow},
                     },
                 },
@@ -638,9 +701,9 @@ def json_schema() -> dict[str, Any]:
                 "type": "object",
                 "required": ["layers", "heads", "kv_heads", "causal"],
                 "properties": {
-                    "layers": {"type": "integer"},
-                    "heads": {"type": "integer"},
-                    "kv_heads": {"type": "integer"},
+                    "layers": {"type": "integer", "minimum": 1},
+                    "heads": {"type": "integer", "minimum": 1},
+                    "kv_heads": {"type": "integer", "minimum": 1},
                     "causal": {"type": "boolean"},
                 },
             },
@@ -654,10 +717,14 @@ def json_schema() -> dict[str, Any]:
                     "properties": {"kind": {"enum": list(KINDS)}},
                 },
             },
-            "explained": _estimate_schema("the model's: mean over heads"),
-            "explained_off_first": _estimate_schema("the model's: mean over heads"),
-            "explained_unconditioned": _estimate_schema("every head's pooled description, no query classes"),
-            "covered": {"type": ["number", "null"]},
+            "explained": _estimate_schema("the model's: mean over heads", share=True, pooled=True),
+            "explained_off_first": _estimate_schema(
+                f"the model's: {POOLED_OFF_FIRST}", share=True, pooled=True
+            ),
+            "explained_unconditioned": _estimate_schema(
+                "every head's pooled description, no query classes (mean over heads)", share=True, pooled=True
+            ),
+            "covered": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
             "by_layer": {
                 "type": "object",
                 "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}},
@@ -700,6 +767,78 @@ def json_schema() -> dict[str, Any]:
             },
         },
     }
+
+
+def check_atlas(data: Any, source: str = "atlas") -> None:
+    """Refuse, in one line naming ``source`` and the JSON path, an atlas that does not fit
+    :func:`json_schema`, or breaks what a schema cannot say: every head of the layout exactly once
+    (layer and head inside it, KV group inside its KV heads), and each query class's weights
+    summing to at most 1."""
+    try:
+        atlas_problems(data)
+    except schemacheck.SchemaProblem as problem:
+        where = "" if problem.where == "the document" else f"{problem.where}: "
+        raise InputError(f"{source}: {where}{problem.problem}", hint=ATLAS_HINT) from None
+
+
+ATLAS_HINT = "give the atlas as headscope describe wrote it, or rerun describe"
+
+
+def atlas_problems(data: Any) -> None:
+    """:func:`check_atlas`'s checks, raising :class:`~headscope.core.schemacheck.SchemaProblem` at
+    the first (for a reader that names the place itself: the result document's ``atlas``)."""
+    if not isinstance(data, dict):
+        raise schemacheck.SchemaProblem(
+            "the document", f"not an atlas (a JSON object), got {type(data).__name__}"
+        )
+    if data.get("schema") not in READABLE:
+        raise schemacheck.SchemaProblem(
+            "schema",
+            f"{data.get('schema')!r} is not an atlas this headscope reads ({' or '.join(READABLE)}); "
+            "a newer one needs a newer headscope",
+        )
+    schemacheck.check(json_schema(), data)
+    _check_heads(data)
+
+
+def _check_heads(data: dict[str, Any]) -> None:
+    layout = data["layout"]
+    layers, n_heads, kv_heads = layout["layers"], layout["heads"], layout["kv_heads"]
+    if kv_heads > n_heads:
+        raise schemacheck.SchemaProblem("layout.kv_heads", f"{kv_heads} is more than the {n_heads} heads")
+    seen: dict[tuple[int, int], int] = {}
+    for index, head in enumerate(data["heads"]):
+        where = f"heads[{index}]"
+        key = (head["layer"], head["head"])
+        if key[0] >= layers:
+            raise schemacheck.SchemaProblem(f"{where}.layer", f"{key[0]} is outside the {layers} layers")
+        if key[1] >= n_heads:
+            raise schemacheck.SchemaProblem(f"{where}.head", f"{key[1]} is outside the {n_heads} heads")
+        if head["kv_group"] >= kv_heads:
+            raise schemacheck.SchemaProblem(
+                f"{where}.kv_group", f"{head['kv_group']} is outside the {kv_heads} KV heads"
+            )
+        if key in seen:
+            raise schemacheck.SchemaProblem(where, f"L{key[0]}H{key[1]} again (heads[{seen[key]}])")
+        seen[key] = index
+        totals: dict[str, float] = {}
+        for component in head["components"]:
+            totals[component["query_class"]] = totals.get(component["query_class"], 0.0) + component["weight"]
+        for query_class, total in totals.items():
+            if total > 1 + WEIGHT_SLACK:
+                raise schemacheck.SchemaProblem(
+                    f"{where}.components",
+                    f"the weights for query class {query_class!r} sum to {total:.6g}, more than 1",
+                )
+    if len(seen) != layers * n_heads:
+        missing = next(
+            (layer, h) for layer in range(layers) for h in range(n_heads) if (layer, h) not in seen
+        )
+        raise schemacheck.SchemaProblem(
+            "heads",
+            f"{len(seen)} heads for a layout of {layers} x {n_heads}: L{missing[0]}H{missing[1]} and "
+            f"{layers * n_heads - len(seen) - 1} more have no card",
+        )
 
 
 def mixture(head: dict[str, Any], class_share: dict[str, float] | None = None) -> dict[str, float]:

@@ -22,6 +22,7 @@ with fewer than ``min_class_queries`` fit queries take the head's unconditioned 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -500,17 +501,55 @@ def bootstrap_shares(
     num = numerator.numpy()
     den = denominator.numpy()
     den_full = den if den.ndim == 3 else np.broadcast_to(den[:, None, None], num.shape)
-    point = num.sum(0) / np.maximum(den_full.sum(0), 1e-12)
+    total = den_full.sum(0)
+    # A ratio with nothing under it is undefined (NaN), never 0: a sink head's off-first share.
+    point = np.where(total > 0, num.sum(0) / np.where(total > 0, total, 1.0), np.nan)
     n_e = num.shape[0]
     if n_resamples <= 0 or n_e < 2:
         nan = np.full(point.shape, np.nan)
-        return point, nan, nan, float(point.mean()), (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    draws = rng.multinomial(n_e, np.full(n_e, 1.0 / n_e), size=n_resamples).astype(np.float64)  # [R, E]
+        return (
+            point,
+            nan,
+            nan,
+            float(np.nanmean(point)) if np.isfinite(point).any() else float("nan"),
+            (
+                float("nan"),
+                float("nan"),
+            ),
+        )
+    draws = _draws(n_e, n_resamples, seed)
     flat_num = draws @ num.reshape(n_e, -1)
     flat_den = draws @ den_full.reshape(n_e, -1)
-    resampled = (flat_num / np.maximum(flat_den, 1e-12)).reshape(n_resamples, *point.shape)
-    low, high = np.percentile(resampled, [2.5, 97.5], axis=0)
+    ratio = np.where(flat_den > 0, flat_num / np.where(flat_den > 0, flat_den, 1.0), np.nan)
+    resampled = ratio.reshape(n_resamples, *point.shape)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN heads: their interval is NaN
+        low, high = np.nanpercentile(resampled, [2.5, 97.5], axis=0)
     model = resampled.reshape(n_resamples, -1).mean(-1)
     m_low, m_high = np.percentile(model, [2.5, 97.5])
     return point, low, high, float(point.mean()), (float(m_low), float(m_high))
+
+
+def _draws(n_e: int, n_resamples: int, seed: int) -> np.ndarray:
+    """``[R, E]`` how often each window is drawn in each bootstrap resample (one seed: every share
+    of an atlas is resampled with the same draws)."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_e, np.full(n_e, 1.0 / n_e), size=n_resamples).astype(np.float64)
+
+
+def bootstrap_pooled(
+    numerator: torch.Tensor, denominator: torch.Tensor, n_resamples: int, seed: int
+) -> tuple[float, tuple[float, float]]:
+    """One share pooled over every head: ``Σ_e Σ_h num / Σ_e Σ_h den`` (``[E, L, H]`` each), and its
+    95% bootstrap interval over windows (NaN where there is nothing under the ratio)."""
+    num = numerator.numpy().reshape(numerator.shape[0], -1).sum(-1)
+    den = denominator.numpy().reshape(denominator.shape[0], -1).sum(-1)
+    point = float(num.sum() / den.sum()) if den.sum() > 0 else float("nan")
+    if n_resamples <= 0 or len(num) < 2 or not np.isfinite(point):
+        return point, (float("nan"), float("nan"))
+    draws = _draws(len(num), n_resamples, seed)
+    resampled_den = draws @ den
+    keep = resampled_den > 0
+    ratio = (draws @ num)[keep] / resampled_den[keep]
+    low, high = np.percentile(ratio, [2.5, 97.5])
+    return point, (float(low), float(high))

@@ -17,6 +17,8 @@ from .card import matters_line, writes_line
 
 
 def _ci(entry: dict[str, Any]) -> str:
+    if entry.get("value") is None:
+        return "none"
     if entry.get("ci_low") is None:
         return f"{entry['value']:.3f}"
     return f"{entry['value']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]"
@@ -24,9 +26,16 @@ def _ci(entry: dict[str, Any]) -> str:
 
 def summary_line(atlas: Atlas) -> str:
     ev, fit = atlas.evaluation, atlas.fit
+    off = atlas.explained_off_first
+    # Atlases written before the pooling was stated took the mean over heads.
+    pooled = (
+        "pooled over heads, each weighing by its attention there" if off.get("pooling") else "mean over heads"
+    )
+    if off.get("heads_without"):
+        pooled += f"; {off['heads_without']} heads have no attention off the first token"
     return (
-        f"explained share {_ci(atlas.explained)}, off the first token {_ci(atlas.explained_off_first)} "
-        f"(mean over {len(atlas.heads)} heads; evaluation: {ev['from']}, {ev['windows']} windows, "
+        f"explained share {_ci(atlas.explained)} (mean over {len(atlas.heads)} heads), off the first token "
+        f"{_ci(off)} ({pooled}; evaluation: {ev['from']}, {ev['windows']} windows, "
         f"{ev['queries']} {'sampled ' if ev.get('rows_per_window') else ''}queries; fitted on {fit['windows']} other windows; {ev['interval']}). "
         f"Without query classes: {atlas.explained_unconditioned['value']:.3f}."
     )
@@ -58,8 +67,8 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
     for line in card_notes(atlas):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     console.print(
-        "each head: explained share [95% CI] on evaluation text, its share off the first token, its "
-        "attention on the first token, then its description (weights sum to 1) and roles"
+        "each head: explained share [95% CI] on evaluation text, its share off the first token ("
+        "— where it has no attention there), its attention on the first token, then its description (weights sum to 1) and roles"
         + ("; below it, what it writes" if _writes_read(atlas) else "")
         + ("; and what ablating it costs" if atlas.ablation else ""),
         soft_wrap=True,
@@ -68,7 +77,7 @@ def print_atlas(atlas: Atlas, console: Console, top: int = 10) -> None:
         roles = f"  roles: {','.join(head['roles'])}" if head["roles"] else ""
         console.print(
             f"L{head['layer']}H{head['head']:<3} {head['dominant']:<22} {_ci(head['explained'])}  "
-            f"off {head['explained_off_first']['value']:.2f}  first {head['first_token']:.2f}  "
+            f"off {_short(head['explained_off_first'])}  first {head['first_token']:.2f}  "
             f"{describe_components(head['components'], fit_counts=atlas.fit.get('query_classes'))}{roles}",
             soft_wrap=True,
             highlight=False,
@@ -97,6 +106,11 @@ def why_line(head: dict[str, Any]) -> str | None:
             f"sources rebuild {rebuilt['explained']:.2f}"
         )
     return text
+
+
+def _short(entry: dict[str, Any]) -> str:
+    """A share in a head's row: two digits, or '—' where it has none (no attention off the first token)."""
+    return "  — " if entry.get("value") is None else f"{entry['value']:.2f}"
 
 
 def _writes_read(atlas: Atlas) -> bool:
@@ -148,7 +162,7 @@ def head_card(head: dict[str, Any], fit_counts: dict[str, int] | None = None) ->
         f"<h3>L{head['layer']}H{head['head']} <small>KV group {head['kv_group']}</small> — {esc(head['dominant'])}</h3>"
         f"<p class=desc>{esc(describe_components(head['components'], fit_counts=fit_counts))}</p>"
         f"{bar}<p>explains {_ci(explained)} of its attention on evaluation text and leaves {head['left']:.2f}; "
-        f"off the first token {_ci(head['explained_off_first'])}; on the first token {head['first_token']:.2f}. "
+        f"off the first token {_off_first(head)}; on the first token {head['first_token']:.2f}. "
         f"Roles: {esc(', '.join(head['roles']) or 'none')}.</p>"
         + "".join(f"<p class=card-{cls}>{esc(line)}</p>" for cls, line in _card_lines(head))
         + f"<details><summary>top contexts (strongest key, off the first token, of its strongest queries)</summary>"
@@ -160,6 +174,13 @@ def _card_lines(head: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's lines on what the head writes (or why that was not read) and whether it matters."""
     lines = [("writes", writes_line(head)), ("matters", matters_line(head)), ("why", why_line(head))]
     return [(cls, line) for cls, line in lines if line]
+
+
+def _off_first(head: dict[str, Any]) -> str:
+    entry = head["explained_off_first"]
+    if entry.get("value") is None:
+        return "none to explain (all its attention is on the first token)"
+    return _ci(entry)
 
 
 STYLE = """

@@ -35,6 +35,8 @@ KEY_CLASSES = ("punctuation", "digit", "capitalised", "function-word", "content-
 DELIMITERS = {"period": ".", "comma": ",", "semicolon": ";", "newline": "\n", "dunhao": "、", "juhao": "。"}
 SENTENCE_ENDS = set(".!?。！？")
 BRACKETS = {")": "(", "]": "[", "}": "{", "）": "（", "】": "【", "》": "《", "」": "「", "”": "“", "’": "‘"}
+# The kinds a template belongs to (the division-of-labour table); the atlas's schema enumerates them.
+KINDS = ("sink", "offset", "diffuse", "token", "structure", "syntax", "key-class", "other")
 OFFSETS = tuple(range(1, 9))
 LOCAL_WIDTHS = (4, 16)
 DECAY_RATES = (0.5, 0.8, 0.95)
@@ -768,22 +770,55 @@ def _accept(obj: Any) -> Template:
         )
     if not callable(obj.targets):
         raise TypeError(f"template {obj.name!r}: targets must be a function of a Text")
+    if obj.kind not in KINDS:
+        raise InputError(
+            f"template {obj.name!r}: kind {obj.kind!r} is not one of the atlas's kinds",
+            hint=f"choose from {', '.join(KINDS)}",
+        )
+    if obj.family and not TEMPLATE_NAME.match(obj.family):
+        raise InputError(f"template {obj.name!r}: family {obj.family!r} is not usable as a template name")
     return obj
 
 
-TEMPLATES: Registry[Template] = Registry("template", "headscope.templates", _accept, lambda t: t.name)
+def _clash(new: Template, registered: dict[str, Template]) -> str | None:
+    """A template's reported name (its family, or its name) must say one thing in an atlas: a name
+    may not be another template's family (``decay``), nor a family another template's name, and
+    the members of one family share its kind."""
+    for other in registered.values():
+        if new.name == other.reported and other.family:
+            return f"is the name of the built-in family {other.family!r} ({other.name}, …) in an atlas"
+        if new.family and new.family == other.name:
+            return f"its family {new.family!r} is the name of another template"
+        if new.family and new.family == other.family and new.kind != other.kind:
+            return f"family {new.family!r} is of kind {other.kind!r}, not {new.kind!r}"
+    return None
+
+
+TEMPLATES: Registry[Template] = Registry(
+    "template", "headscope.templates", _accept, lambda t: t.name, clash=_clash
+)
 for _template in _builtins():
     TEMPLATES.add_builtin(_template)
 
 
 def chosen_templates(causal: bool, names: Sequence[str] | None = None) -> list[Template]:
-    """The templates a model is described with (encoder-only ones for encoders only)."""
+    """The templates a model is described with (encoder-only ones for encoders only). Named ones
+    are taken once each; an encoder-only one named for a causal model is refused (it looks at keys
+    after the query, which a causal model never sees)."""
     if names is not None:
+        names = list(dict.fromkeys(names))  # a name given twice would be fitted as two templates
         unknown = [n for n in names if n not in TEMPLATES]
         if unknown:
             raise InputError(
                 f"unknown template{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
                 hint=f"choose from {', '.join(TEMPLATES)}",
+            )
+        ahead = [n for n in names if causal and TEMPLATES[n].encoder_only]
+        if ahead:
+            raise InputError(
+                f"--templates {', '.join(ahead)}: encoder-only (keys after the query, or the final "
+                "special token), which a causal model never attends to",
+                hint="leave them out for a causal model",
             )
         return [TEMPLATES[n] for n in names]
     return [t for t in TEMPLATES.values() if not (causal and t.encoder_only)]
@@ -801,6 +836,13 @@ def template_targets(template: Template, text: Text) -> Targets:
             hint="a template's targets(text) returns (queries, keys, weights) arrays",
         ) from exc
     n = len(text)
+    for what, array in (("queries", queries), ("keys", keys), ("weights", weights)):
+        if array.ndim != 1:
+            raise InputError(
+                f"template {template.name!r}: {what} is an array of shape {tuple(array.shape)} on "
+                f"{text.name}, not one dimension",
+                hint="return three flat arrays (queries, keys, weights) of one length",
+            )
     if not (len(queries) == len(keys) == len(weights)):
         raise InputError(f"template {template.name!r}: queries, keys and weights differ in length")
     if len(queries) == 0:

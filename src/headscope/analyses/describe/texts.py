@@ -105,8 +105,27 @@ def paragraphs_of(path: str | Path) -> list[str]:
     return paragraphs
 
 
+def looks_like_conllu(path: str | Path, paragraphs: Sequence[str]) -> bool:
+    """A CoNLL-U file (by its name, or by its first lines: ten tab-separated fields, the first a
+    word index), which read as plain text would be its markup, not its sentences."""
+    if Path(path).suffix.lower() in (".conllu", ".conll"):
+        return True
+    lines = [
+        line for p in paragraphs[:3] for line in p.splitlines() if line.strip() and not line.startswith("#")
+    ][:20]
+    rows = [line.split("\t") for line in lines]
+    return bool(rows) and all(len(r) == 10 and r[0].split("-")[0].split(".")[0].isdigit() for r in rows)
+
+
 def user_text_sources(path: str | Path) -> list[Source]:
-    return [Source(f"{display_path(path)}#{i + 1}", "", p) for i, p in enumerate(paragraphs_of(path))]
+    paragraphs = paragraphs_of(path)
+    if looks_like_conllu(path, paragraphs):
+        raise InputError(
+            f"--eval-text {display_path(path)}: a CoNLL-U treebank, which would be evaluated as its "
+            "markup (tabs, indices, tags), not its sentences",
+            hint=f"give it as --eval-treebank {display_path(path)}",
+        )
+    return [Source(f"{display_path(path)}#{i + 1}", "", p) for i, p in enumerate(paragraphs)]
 
 
 def user_treebank_sources(path: str | Path) -> list[Source]:
