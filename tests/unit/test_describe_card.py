@@ -210,3 +210,19 @@ def test_a_loss_increase_without_an_interval_says_why():
     assert matters_line(entry) == (
         "ablating it raises the loss by 0.2500 nats/token (no interval: fewer than 5 evaluation windows)"
     )
+
+
+def test_no_interval_says_resamples_0_not_too_few_windows(planted, tmp_path):
+    import copy
+
+    loaded, atlas = planted
+    again = copy.deepcopy(atlas)
+    text = _repeated_text(tmp_path / "repeated.txt")
+    batches = _eval_batches(loaded, text)
+    windows = 1 + max(int(i) for b in batches for i in b.example_index.tolist())
+    assert windows >= 5  # enough for an interval: only resamples=0 leaves it out
+    add_ablation(again, loaded, batches, "L0H1", n_resamples=0, seed=0)
+    line = matters_line(again.head(0, 1))
+    assert "(no interval: resamples=0: no bootstrap was drawn)" in line, line
+    assert "fewer than" not in line
+    again.to_json()  # the reason is part of the atlas's schema

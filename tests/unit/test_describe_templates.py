@@ -199,3 +199,45 @@ def test_sep_is_the_encoders_last_special_token():
     found = make_text("encoder", ids, special, offsets, text, causal=False)
     assert targets_at("sep", found, 1) == [4] and targets_at("sep", found, 3) == [4]
     assert targets_at("sink", found, 2) == [0]
+
+
+def test_a_template_returning_columns_is_named(english):
+    def columns(text):
+        queries = np.arange(1, len(text))[:, None]  # a column, not a flat array
+        return queries, queries - 1, np.ones(len(queries))
+
+    with pytest.raises(InputError, match=r"'columns': queries is an array of shape \(\d+, 1\) on en"):
+        template_targets(Template("columns", "bad", columns), english)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            Template("mine", "x", lambda t: None, kind="copying"),
+            "kind 'copying' is not one of the atlas's kinds",
+        ),
+        (Template("decay", "x", lambda t: None, kind="diffuse"), "name of the built-in family 'decay'"),
+        (Template("mine", "x", lambda t: None, kind="sink", family="sink"), "family 'sink' is the name of"),
+        (
+            Template("decay-0.3", "x", lambda t: None, kind="offset", family="decay", param=0.3),
+            "family 'decay' is of kind 'diffuse'",
+        ),
+    ],
+)
+def test_a_template_that_would_break_the_atlas_is_refused(template, message):
+    import headscope as hs
+
+    with pytest.raises(InputError, match=message):
+        hs.register(template)
+
+
+def test_a_new_member_of_a_family_is_welcome():
+    import headscope as hs
+    from headscope.analyses.describe.templates import TEMPLATES, decay
+
+    hs.register(Template("decay-0.3", "x", decay(0.3), kind="diffuse", family="decay", param=0.3))
+    try:
+        assert TEMPLATES["decay-0.3"].reported == "decay"
+    finally:
+        TEMPLATES.unregister("decay-0.3")

@@ -584,6 +584,7 @@ def json_schema() -> dict[str, Any]:
                 "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
             },
             "rank_in_layer": {"type": "integer", "minimum": 1},
+            "no_interval": {"type": "string", "description": "why loss_increase has no interval"},
         },
     }
     source = {

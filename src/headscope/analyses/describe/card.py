@@ -274,6 +274,17 @@ def _increase(diff: np.ndarray, counts: np.ndarray, n_resamples: int, seed: int)
     return {"value": clean(value), "ci_low": clean(low), "ci_high": clean(high)}
 
 
+def _no_interval(increase: dict[str, Any], n_resamples: int, n_windows: int) -> dict[str, str]:
+    """Why an increase has no interval (``{"no_interval": reason}``), or nothing where it has one."""
+    if increase["ci_low"] is not None and increase["ci_high"] is not None:
+        return {}
+    if n_resamples <= 0:
+        return {"no_interval": "resamples=0: no bootstrap was drawn"}
+    if n_windows < MIN_EXAMPLES:
+        return {"no_interval": f"{n_windows} evaluation windows, fewer than {MIN_EXAMPLES}"}
+    return {"no_interval": "the bootstrap gave no finite bounds"}
+
+
 def add_ablation(
     atlas: Atlas,
     loaded: Any,
@@ -326,6 +337,7 @@ def add_ablation(
         random_mean = float(np.mean(random_effects)) if random_effects else None
         matters: dict[str, Any] = {
             "loss_increase": increase,
+            **_no_interval(increase, n_resamples, n_windows),
             "random_layer": None if random_mean is None else round(random_mean, 6),
             "random_heads": [list(c) for c in controls[key]],
         }
@@ -394,7 +406,9 @@ def matters_line(entry: dict[str, Any]) -> str | None:
         ci = f" [{-high:.4f}, {-low:.4f}]" if bounded else ""
         text = f"ablating it lowers the loss by {-value:.4f}{ci} nats/token"
     if not bounded:
-        text += f" (no interval: fewer than {MIN_EXAMPLES} evaluation windows)"
+        # An atlas written before the reason was recorded: the one cause it then had.
+        reason = matters.get("no_interval") or f"fewer than {MIN_EXAMPLES} evaluation windows"
+        text += f" (no interval: {reason})"
     if matters.get("random_layer") is not None:
         text += f"; random heads of its layer: {matters['random_layer']:.4f}"
     if matters.get("rank_in_layer") is not None:
