@@ -487,7 +487,6 @@ def _run_split(
         on_batch_done=done,
     )
     capture.run(loaded, batches, spec)
-    split.batches = batches  # type: ignore[attr-defined]
     return split
 
 
@@ -739,9 +738,7 @@ def write_sources(result: Any, path: Path, force: bool) -> str:
     return str(files.write_atomic(path, text, "--sources", force))
 
 
-def _roles(
-    loaded: Any, detectors: list[Any], n_examples: int, n_resamples: int, seed: int
-) -> dict[tuple[int, int], str]:
+def _roles(loaded: Any, detectors: list[Any], n_resamples: int, seed: int) -> dict[tuple[int, int], str]:
     if not detectors:
         return {}
     results = [r for d in detectors for r in d.results("qk-eval")]
@@ -831,7 +828,7 @@ def explain(
     evaluation = _run_split(
         loaded, eval_pairs, heads, decomposers, sample, tops, detectors, progress, "qk: evaluate"
     )
-    roles = _roles(loaded, detectors, len(eval_pairs), n_resamples, seed)
+    roles = _roles(loaded, detectors, n_resamples, seed)
     composition, note = _composition(loaded, chosen)
     summary = _summarise(evaluation, roles, composition, n_resamples, seed)
     notes = [note] if note else []
