@@ -152,6 +152,22 @@ def test_a_sweep_records_the_explained_share_by_step(toy_dir, tmp_path):
     assert {"explained_off_first", "dominant_sink"} <= set(losses.columns)
     # The same weights at both steps: the same description and share.
     assert losses["explained"].iloc[0] == pytest.approx(losses["explained"].iloc[1])
+    # Each stored run keeps its atlas, so two runs compare head by head.
+    manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
+    keys = sorted(manifest["runs"])
+    assert len(keys) == 2
+    runs = [hs.Result.from_json(tmp_path / "store", run=key) for key in keys]
+    assert all(r.atlas is not None and len(r.atlas.heads) == 8 for r in runs)
+    compared = hs.compare(*runs)
+    assert compared.descriptions == []
+    # A describe result without its atlas (a store written before it was kept) says so.
+    bare = runs[0].to_dict()
+    del bare["atlas"]
+    compared = hs.compare(hs.Result.from_json(bare), runs[1])
+    assert compared.descriptions is None
+    assert any("only one result describes its heads" in n for n in compared.notes)
+    compared = hs.compare(hs.Result.from_json(bare), hs.Result.from_json(bare))
+    assert any("A and B: a describe result without its atlas" in n for n in compared.notes), compared.notes
 
 
 def test_compare_lists_heads_whose_description_changed(toy, toy_texts, tmp_path):

@@ -397,6 +397,17 @@ def compare(a: Any, b: Any) -> Any:
         found.notes.append(
             "only one result describes its heads (describe's atlas): descriptions not compared"
         )
+    else:
+        bare = [
+            label
+            for label, value in (("A", a), ("B", b))
+            if isinstance(value, Result) and value.analysis == "describe"
+        ]
+        if bare:
+            found.notes.append(
+                f"{' and '.join(bare)}: a describe result without its atlas (a sweep store written before "
+                "headscope kept it): descriptions not compared; rerun the sweep to compare them"
+            )
     return found
 
 

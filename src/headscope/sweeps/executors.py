@@ -103,7 +103,8 @@ def _analyse(task: Task) -> dict[str, Any]:
     loaded = load(task["spec"], revision=task.get("revision"))
     # The one path (extend.protocol.execute): the same conformance checks and refusals as hs.run
     # and the CLI; a sweep stores tables, so the causal check is off (as it always was here).
-    report = execute(analysis, loaded, options, prepared_input, None, verify=False).report
+    outcome = execute(analysis, loaded, options, prepared_input, None, verify=False)
+    report = outcome.report
     table = report.table[CSV_COLUMNS]
     rows = [
         {key: (None if isinstance(value, float) and value != value else value) for key, value in row.items()}
@@ -119,7 +120,33 @@ def _analyse(task: Task) -> dict[str, Any]:
         "notes": list(report.notes),
         "layers": loaded.layout.n_layers,
         "heads": loaded.layout.n_heads,
+        # The analysis' own records (describe's atlas, icl's score, ...), as its result JSON holds
+        # them: a stored run reads back with them, so compare sees two runs' descriptions.
+        "document": _own_records(analysis, outcome),
     }
+
+
+def _own_records(analysis: Any, outcome: Any) -> dict[str, Any]:
+    """``analysis.json(outcome)`` as plain JSON (numpy values as numbers, NaN as null), as the
+    result JSON writes it."""
+    import math
+
+    import numpy as np
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, np.ndarray):
+            return plain(value.tolist())
+        if isinstance(value, np.generic):
+            return plain(value.item())
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+    return {k: plain(v) for k, v in analysis.json(outcome).items() if v is not None}
 
 
 def _quiet_worker() -> None:

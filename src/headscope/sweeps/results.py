@@ -83,7 +83,7 @@ def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get("rows"), list):
         raise InputError(f"{folder}: run {key}'s result file holds no rows list", hint="rerun the sweep")
-    return {
+    found = {
         "headscope": entry.get("headscope", __version__),
         "command": str(entry.get("analysis", "sweep")),
         "model": entry.get("label", key),
@@ -94,3 +94,8 @@ def load_sweep_run(folder: Path, run: str | None = None) -> dict[str, Any]:
         "copy_loss": None,
         "layout": {"layers": payload.get("layers"), "heads": payload.get("heads")},
     }
+    # The analysis' own records (describe's atlas), checked with the rest by Result.from_json.
+    document = payload.get("document")
+    if isinstance(document, dict):
+        found.update({key: value for key, value in document.items() if key not in found})
+    return found
