@@ -59,6 +59,7 @@ def run_program(program: Callable[[], Any]) -> None:
     if "--debug" not in sys.argv:
         # The GGUF converter draws its own tqdm bar; tqdm reads this when it is imported.
         os.environ.setdefault("TQDM_DISABLE", "1")
+        quiet_library_deprecations()
     stdout_was_devnull = _is_devnull(1)
     try:
         program()
@@ -71,6 +72,16 @@ def run_program(program: Callable[[], Any]) -> None:
         if exc.code == 1 and not stdout_was_devnull and _is_devnull(1):
             sys.exit(BROKEN_PIPE_EXIT)
         raise
+
+
+def quiet_library_deprecations() -> None:
+    """Deprecation notices (FutureWarning, DeprecationWarning) are for the libraries' own users,
+    not for a user of the command line: a newer transformers or peft than the constraints file
+    names warns above headscope's one-line messages. ``--debug`` shows them."""
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
 
 
 class _Stdout(Console):
