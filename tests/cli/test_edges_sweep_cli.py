@@ -53,6 +53,12 @@ def in_process(monkeypatch):
         (["--analysis", "weights,icl", "--set", "k=3"], "k means different things in weights and icl"),
         (["--set", "nope=1"], "nope is an option of none of induction"),
         (["--set", "seq_len="], "--set seq_len=: give seq_len a value"),
+        # A value is checked as the analysis checks it, and said in the words typed (not "icl: early=0").
+        (["--analysis", "icl", "--set", "early=0"], r"^error: --set early=0: must be at least 1$"),
+        (["--analysis", "describe", "--set", "lang=fr"], r"^error: --set lang=fr: choose from en, zh"),
+        (["--analysis", "icl", "--set", "seed=-1"], r"^error: --set seed=-1: a seed must be between"),
+        (["--analysis", "icl", "--set", "tasks=,"], r"^error: --set tasks=,: names no task"),
+        (["--analysis", "describe", "--set", "resamples=5"], r"^error: --set resamples=5: too few for a 95%"),
     ],
 )
 def test_set_takes_only_what_changes_the_run(tmp_path, args, message):

@@ -229,3 +229,13 @@ def test_a_late_token_too_close_to_the_early_one_is_named(files):
         InputError, match=r"late=20 leaves no late token to compare with early=10 over window=5"
     ):
         hs.plan("icl", text=files["texts"], tasks="none", early=10, late=20, window=5)
+
+
+@pytest.mark.parametrize("value", ["", " ", ",", " , "])
+def test_tasks_naming_no_task_is_refused(value):
+    """tasks="" used to mean no tasks (as "none" does): the few-shot part left out unasked."""
+    import headscope as hs
+
+    with pytest.raises(InputError, match=r"^tasks='.*' names no task"):
+        hs.plan("icl", tasks=value)
+    assert hs.plan("icl", tasks="none") is not None

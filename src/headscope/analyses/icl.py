@@ -719,6 +719,15 @@ def _task_specs(value: str) -> list[str] | None:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def _check_task_specs(value: str) -> None:
+    """An empty list is refused: "" read as no tasks would leave out the few-shot part unasked."""
+    if not [s for s in str(value).split(",") if s.strip()]:
+        raise InputError(
+            f"--tasks {value!r} names no task",
+            hint="give all, none, or shipped task names and YAML files, comma-separated",
+        )
+
+
 @dataclass(kw_only=True)
 class ICLOptions(Stats):
     text: Path | None = option(
@@ -741,6 +750,7 @@ class ICLOptions(Stats):
     tasks: str = option(
         "all",
         "Few-shot tasks: all (the shipped ones in configs/icl/), none, or shipped names and YAML files, comma-separated.",
+        check=lambda value: _check_task_specs(value),
     )
     shots: str = option("0,1,5,10", "Shot counts for few-shot accuracy, comma-separated.")
     queries: int = option(40, "Queries per task (each with its own drawn demonstrations).", min=2)

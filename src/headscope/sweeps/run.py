@@ -175,9 +175,41 @@ def parse_settings(
                 raise InputError(f"--set {item}: {name} takes {number}") from None
         elif str not in members and any(typing.get_origin(k) is list for k in members):
             value = split_names(text)
+        for user in users:
+            _check_setting(user, name, value, item, text)
         owner = key.rpartition(".")[0].strip()
         out[f"{owner}.{name}" if owner else name] = value
     return out
+
+
+def _check_setting(analysis_name: str, name: str, value: Any, item: str, text: str) -> None:
+    """``--set NAME=VALUE`` checked as the analysis checks the option, and refused in the words the
+    user typed (``--set early=0: must be at least 1``), not a Python call's (``icl: early=0``)."""
+    import dataclasses
+    import typing
+
+    from headscope.analyses import get
+    from headscope.extend.protocol import check_value, flag_of
+
+    options = get(analysis_name).options
+    declared = next(f for f in dataclasses.fields(options) if f.name == name)
+    try:
+        check_value(analysis_name, declared, typing.get_type_hints(options)[name], value, cli=True)
+    except InputError as exc:
+        flag = flag_of(declared).split("/")[0]
+        reason = exc.message
+        prefixes = (
+            f"{flag} {text}: ",
+            f"{flag} {text} ",
+            f"{flag} {text!r} ",
+            f"{flag}: ",
+            f"{name} {text}: ",
+        )
+        for prefix in (*prefixes, f"{text}: "):
+            if reason.startswith(prefix):
+                reason = reason[len(prefix) :].removeprefix("is ")
+                break
+        raise InputError(f"--set {item}: {reason}", hint=exc.hint) from None
 
 
 @dataclass(frozen=True)
