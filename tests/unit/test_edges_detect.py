@@ -80,6 +80,42 @@ def test_detect_refuses_a_role_label_another_role_holds(toy):
         hs.register(hs.TargetDetector("later", targets=previous, role=hs.RoleSpec("mine", "x")))
 
 
+def test_two_threads_taking_one_new_label_do_not_both_pass(toy, monkeypatch):
+    """Both threads pass the label check before either has run; the table's lock lets one keep
+    the label and refuses the other, naming the pattern that holds it."""
+    import threading
+
+    from headscope.analyses.detect import Detect
+
+    both_checked = threading.Barrier(2, timeout=30)
+    check = Detect.check
+
+    def check_then_wait(self, options):
+        found = check(self, options)
+        both_checked.wait()  # neither runs (nor keeps its pattern) before both have checked
+        return found
+
+    monkeypatch.setattr(Detect, "check", check_then_wait)
+    outcomes: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = hs.detect(
+                toy, None, PROMPTS, "induction_head", name=name, label="shared", resamples=0
+            )
+        except InputError as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("race-a", "race-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    refused = [v for v in outcomes.values() if isinstance(v, InputError)]
+    assert len(outcomes) == 2 and len(refused) == 1, outcomes
+    assert "label='shared' was taken by the hs.detect pattern 'race-" in str(refused[0])
+
+
 def test_a_pattern_function_that_returns_no_tensor_is_named(toy):
     with pytest.raises(InputError, match=r"pattern 'nothing'.*returned NoneType, not a \[T, T\] tensor"):
         hs.detect(toy, None, PROMPTS, lambda ids: None, name="nothing", resamples=0)

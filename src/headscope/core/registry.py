@@ -263,12 +263,15 @@ class Registry(_Live[T]):
             self._load_builtins()
             return dict(self._builtin)
 
-    def put(self, name: str, found: T) -> None:
+    def put(self, name: str, found: T, check: Callable[[], None] | None = None) -> None:
         """Keep ``found``, a declaration headscope made and checked itself (``hs.detect``'s pattern),
         under ``name`` for this process, over an earlier run-time one of that name. What users hand
-        in goes through :meth:`register`, which checks it."""
+        in goes through :meth:`register`, which checks it. ``check`` runs under the registry's lock,
+        just before: what it checks (a role label still free) cannot change until ``found`` is in."""
         with self._lock:
             self._load()
+            if check is not None:
+                check()
             self._runtime[name] = found
 
     def view(self, keep: Callable[[T], bool]) -> View[T]:

@@ -169,8 +169,22 @@ def keep_pattern(detector: PatternDetector) -> None:
     """Keep ``hs.detect``'s pattern by name for this session (replacing an earlier hs.detect of that
     name), so that its tables' role, legend and summary are found as a detector's are; it belongs to
     the prompts its pattern was made for, so it never runs in a scan. ``hs.detect`` checks the name
-    and the label before the model runs (:func:`reserved_detector_name`, :func:`label_owner`)."""
-    DECLARATIONS.put(detector.name, detector)
+    and the label before the model runs (:func:`reserved_detector_name`, :func:`label_owner`); they
+    are checked again here, under the table's lock, for another thread's ``hs.detect`` that took
+    the label since."""
+
+    def label_still_free() -> None:
+        for spec in detector.role_specs():
+            for taken in spec.labels():
+                owner = label_owner(taken.label, pattern=detector.name)
+                if owner is not None:
+                    raise InputError(
+                        f"detect: label={taken.label!r} was taken by {owner} while this one ran "
+                        "(another hs.detect at the same time)",
+                        hint="give each pattern its own label=",
+                    )
+
+    DECLARATIONS.put(detector.name, detector, check=label_still_free)
 
 
 def declared(name: str) -> Declaration | None:
