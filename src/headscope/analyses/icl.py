@@ -1221,6 +1221,12 @@ class ICL(Analysis):
         ),
     )
 
+    def sweep_panels(self, losses: Any) -> list[Any]:
+        """The sweep plot's ICL panel (drawn beside the role tables by ``headscope sweep --png``)."""
+        from .icl_present import sweep_panels
+
+        return sweep_panels(losses)
+
     def check(self, options: ICLOptions) -> ICLInputs:
         from headscope.extend.protocol import check_common
 

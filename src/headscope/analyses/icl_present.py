@@ -81,6 +81,27 @@ def print_icl_ablation(check: Any, console: Console) -> None:
     console.print(table)
 
 
+def sweep_panels(losses: Any) -> list[Any]:
+    """The sweep plot's ICL panel (``headscope sweep --png``): the ICL score by step with its 95%
+    interval, where the sweep's runs measured one."""
+    icl = losses[losses["icl_score"].notna()] if "icl_score" in losses else losses.iloc[0:0]
+    if not len(icl):
+        return []
+
+    def draw(ax: Any) -> None:
+        steps = icl["step"].astype(float)
+        ax.plot(steps, icl["icl_score"], marker="o", ms=3, color="#e8590c", label="ICL score")
+        ax.fill_between(
+            steps, icl["icl_score_low"].astype(float), icl["icl_score_high"].astype(float), alpha=0.2
+        )
+        ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+        ax.set_title("ICL score: late − early loss (nats)", fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+
+    return [draw]
+
+
 def save_icl_png(measures: Any, path: Path, title: str = "") -> None:
     """Mean next-token loss against token position (log x), with the ICL score's two windows marked."""
     import matplotlib

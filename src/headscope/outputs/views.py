@@ -430,7 +430,8 @@ def save_png(view: AttentionView, path: Path) -> list[str]:
 def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str = "") -> None:
     """Trajectories across steps: for each role table, the score of the heads that end up in the
     top ``top``, with their 95% intervals as bands; the repeated-copy loss beside the induction score,
-    and the ICL score (``headscope icl``) on the same step axis."""
+    and each analysis' own panels on the same step axis (``Analysis.sweep_panels(losses)``: a list
+    of functions that draw on one matplotlib axis, such as the score by step of a plugin's measure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -445,9 +446,9 @@ def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str
         if group["step"].nunique() >= 2
     ]
     loss = losses[losses["series"].isin(series)].sort_values("step") if len(losses) else losses
-    icl = loss[loss["icl_score"].notna()] if "icl_score" in loss else loss.iloc[0:0]
+    own = _sweep_panels(loss)
     loss = loss[loss["later"].notna()] if "later" in loss else loss
-    panels = len(groups) + (1 if len(loss) else 0) + (1 if len(icl) else 0)
+    panels = len(groups) + (1 if len(loss) else 0) + len(own)
     if panels == 0:
         raise InputError("--png: no role changes across steps to draw (give a folder of checkpoints)")
     columns = min(3, panels)
@@ -475,17 +476,8 @@ def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str
         ax.set_title("repeated-copy loss (nats)", fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    if len(icl):
-        ax = flat[len(groups) + (1 if len(loss) else 0)]
-        steps = icl["step"].astype(float)
-        ax.plot(steps, icl["icl_score"], marker="o", ms=3, color="#e8590c", label="ICL score")
-        ax.fill_between(
-            steps, icl["icl_score_low"].astype(float), icl["icl_score_high"].astype(float), alpha=0.2
-        )
-        ax.axhline(0.0, color="grey", lw=0.8, ls="--")
-        ax.set_title("ICL score: late − early loss (nats)", fontsize=9)
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+    for ax, draw in zip(flat[len(groups) + (1 if len(loss) else 0) :], own, strict=False):
+        draw(ax)
     for ax in flat[panels:]:
         ax.axis("off")
     if title:
@@ -493,3 +485,17 @@ def save_sweep_png(table: Any, losses: Any, path: Path, top: int = 3, title: str
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _sweep_panels(losses: Any) -> list[Any]:
+    """Every analysis' own panels of a sweep plot (``sweep_panels(losses)``, where it declares one)."""
+    from headscope.analyses import ANALYSES
+
+    found: list[Any] = []
+    if not len(losses):
+        return found
+    for analysis in ANALYSES.values():
+        panels = getattr(analysis, "sweep_panels", None)
+        if callable(panels):
+            found += list(panels(losses) or [])
+    return found
