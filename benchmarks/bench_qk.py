@@ -69,7 +69,9 @@ def measure(model: str, lengths: list[int], every_at: set[int], save=None) -> di
             out.append(row)
             print(f"L={length} every head: {row['seconds']:.0f} s, {row['ratio']:.1f}x bare", file=sys.stderr)
             if save is not None:
-                save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
+                save(
+                    {"model": model, "layers": layers, "torch_threads": torch.get_num_threads(), "runs": out}
+                )
         for depth in depths:
 
             def one(depth: int = depth, length: int = length) -> None:
@@ -79,20 +81,29 @@ def measure(model: str, lengths: list[int], every_at: set[int], save=None) -> di
             out.append(row)
             print(f"  L{depth}H0: {row['seconds']:.1f} s, {row['ratio']:.2f}x bare", file=sys.stderr)
             if save is not None:
-                save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
-    return {"model": model, "torch_threads": torch.get_num_threads(), "runs": out}
+                save(
+                    {"model": model, "layers": layers, "torch_threads": torch.get_num_threads(), "runs": out}
+                )
+    return {"model": model, "layers": layers, "torch_threads": torch.get_num_threads(), "runs": out}
 
 
 def table(data: dict) -> str:
+    """x bare: over a bare forward of the layers the passes ran (a pass for a head of layer l stops
+    after it); x full: over a bare forward of every layer, the same tokens (how cost grows with depth)."""
+    # The depths always include the last layer, so a run saved without "layers" still tells it.
+    layers = data.get("layers") or 1 + max(row.get("layer", 0) for row in data["runs"])
     lines = [
         f"{data['model']}, {data['torch_threads']} torch threads; x bare = wall time over a bare SDPA "
-        "forward of the same tokens, both measured in this run",
+        "forward of the same tokens through the layers the passes ran, x full = through every layer; "
+        "both measured in this run",
         "",
-        f"{'heads':<12} {'tokens':>6}  {'passes':>6}  {'x bare':>8}  {'peak MB':>8}",
+        f"{'heads':<12} {'tokens':>6}  {'passes':>6}  {'x bare':>8}  {'x full':>8}  {'peak MB':>8}",
     ]
     for row in data["runs"]:
+        share = (row["layer"] + 1) / layers if "layer" in row else 1.0
         lines.append(
-            f"{row['what']:<12} {row['length']:>6}  {row['passes']:>6}  {row['ratio']:>7.2f}x  {row['peak_mb']:>8.0f}"
+            f"{row['what']:<12} {row['length']:>6}  {row['passes']:>6}  {row['ratio']:>7.2f}x  "
+            f"{row['ratio'] * share:>7.2f}x  {row['peak_mb']:>8.0f}"
         )
     return "\n".join(lines)
 
