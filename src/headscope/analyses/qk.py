@@ -351,7 +351,7 @@ class Split:
             sums.rows.append(len(rows))
             if evaluation:
                 self._evaluate(sums, i, state, weights[h], visible)
-                self._example(sums, i, state, weights[h], rows, ids)
+                self._example(sums, i, state, weights[h], visible, rows, ids)
 
     def _example(
         self,
@@ -359,6 +359,7 @@ class Split:
         i: int,
         state: dict[str, Any],
         actual: torch.Tensor,
+        visible: torch.Tensor,
         rows: torch.Tensor,
         ids: list[int],
     ) -> None:
@@ -396,9 +397,7 @@ class Split:
             "query": position,
             "token": tokenizer.decode([ids[position]]),
             "margin": float(margins[best]),
-            "mean_score": float(scaling * (query * state["key"][i][: position + 1]).sum(-1).mean())
-            if self.loaded.is_causal
-            else None,
+            "mean_score": float(scaling * (query * state["key"][i][visible[best]]).sum(-1).mean()),
             "keys": listed,
         }
 

@@ -148,8 +148,7 @@ def example_html(entry: dict[str, Any]) -> str:
             f"<tr><td>{key['position']}</td><td>{html.escape(repr(key['token']))}</td>"
             f"<td>{key['attention']:.3f}</td><td>{key['score']:.2f}</td>{cells}<td>{key['rest']:+.2f}</td></tr>"
         )
-    mean = example.get("mean_score")
-    mean_text = "" if mean is None else f"; mean score over the visible keys {mean:.2f}"
+    mean_text = f"; mean score over the visible keys {example['mean_score']:.2f}"
     return (
         f"<h3>L{entry['layer']}H{entry['head']}: query {example['query']} "
         f"{html.escape(repr(example['token']))} (margin {example['margin']:.2f}{mean_text})</h3>"
