@@ -32,7 +32,8 @@ def summary_line(atlas: Atlas) -> str:
         "pooled over heads, each weighing by its attention there" if off.get("pooling") else "mean over heads"
     )
     if off.get("heads_without"):
-        pooled += f"; {off['heads_without']} heads have no attention off the first token"
+        count = off["heads_without"]
+        pooled += f"; {count} head{' has' if count == 1 else 's have'} no attention off the first token"
     return (
         f"explained share {_ci(atlas.explained)} (mean over {len(atlas.heads)} heads), off the first token "
         f"{_ci(off)} ({pooled}; evaluation: {ev['from']}, {ev['windows']} windows, "
