@@ -656,43 +656,24 @@ def sources_table(model: str, heads: list[dict[str, Any]], listed: int | None = 
     others, so a head's rows on a side still sum to 1."""
     records = []
     for entry in heads:
+        head = {
+            "model": model,
+            "layer": entry["layer"],
+            "head": entry["head"],
+            "kv_group": entry["kv_group"],
+            "n": entry["windows"],
+        }
         for side in SIDES:
             rows = entry[side]
             shown = rows if listed is None else rows[:listed]
             for rank, item in enumerate(shown, start=1):
-                records.append(
-                    {
-                        "model": model,
-                        "layer": entry["layer"],
-                        "head": entry["head"],
-                        "kv_group": entry["kv_group"],
-                        "side": side,
-                        "source": item["source"],
-                        "kind": item["kind"],
-                        "role": item["role"],
-                        "share": item["share"],
-                        "ci_low": item["ci_low"],
-                        "ci_high": item["ci_high"],
-                        "n": entry["windows"],
-                        "rank": rank,
-                        "composition": item["composition"],
-                    }
-                )
+                fields = ("source", "kind", "role", "share", "ci_low", "ci_high", "composition")
+                records.append({**head, "side": side, "rank": rank, **{k: item[k] for k in fields}})
             rest = rows[len(shown) :]
             if rest:
+                share = float(sum(item["share"] for item in rest))
                 records.append(
-                    {
-                        "model": model,
-                        "layer": entry["layer"],
-                        "head": entry["head"],
-                        "kv_group": entry["kv_group"],
-                        "side": side,
-                        "source": "rest",
-                        "kind": "rest",
-                        "role": "",
-                        "share": float(sum(item["share"] for item in rest)),
-                        "n": entry["windows"],
-                    }
+                    {**head, "side": side, "source": "rest", "kind": "rest", "role": "", "share": share}
                 )
     return pd.DataFrame.from_records(records, columns=SOURCE_COLUMNS)
 
