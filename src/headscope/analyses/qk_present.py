@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 SHOWN = 3  # sources per side in the terminal
@@ -68,9 +69,18 @@ def print_qk(result: Any, console: Any, top: int) -> None:
     check = found.check
     console.print(
         f"\ndecomposition check: the sources' parts sum to the model's queries and keys to "
-        f"{check.get('score_error', float('nan')):.1e} relative (tolerance {check.get('score_tolerance', 1e-4):g}); "
-        f"softmax of the module's own scores matches its attention to {check.get('attention_error', float('nan')):.1e}"
+        f"{bound(check.get('score_error'))} relative (tolerance {check.get('score_tolerance', 1e-4):g}); "
+        f"softmax of the module's own scores matches its attention to {bound(check.get('attention_error'))}"
     )
+
+
+def bound(error: float | None) -> str:
+    """An error as a bound ("< 1e-6", "≤ 1e-5"), not its round-off digits, which differ between machines."""
+    if error is None:
+        return "n/a"
+    if error < 1e-6:
+        return "< 1e-6"
+    return f"≤ 1e{math.ceil(math.log10(error)):d}"
 
 
 def print_removals(removals: Any, console: Any) -> None:
