@@ -57,7 +57,7 @@ from headscope.verdicts.roles import assign_roles, head_roles
 from headscope.verdicts.stats import MIN_EXAMPLES, bootstrap_ratio
 
 from .describe.fit import RowSample
-from .describe.texts import LANGS, balanced, shipped_sources, user_text_sources, windows
+from .describe.texts import balanced, check_langs, shipped_sources, user_text_sources, windows
 
 RECONSTRUCT_K = (0, 1, 3, 10, 30)  # sources kept on each side (0: every source at its mean)
 PAIRS = 6  # top sources per side whose pairs are measured
@@ -117,10 +117,7 @@ class QKOptions(Stats):
 
 
 def _check_langs(value: str) -> None:
-    names = split_names(value) or []
-    unknown = [n for n in names if n not in LANGS]
-    if not names or unknown:
-        raise InputError(f"--lang {value}: choose from {', '.join(LANGS)} (comma list)")
+    names = check_langs(value)
     if len(set(names)) != len(names):
         raise InputError(f"--lang {value}: a language is named twice")
 

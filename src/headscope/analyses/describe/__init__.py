@@ -41,7 +41,15 @@ from .atlas import Atlas, build_atlas
 from .card import ABLATE_HELP, check_ablate, complete_cards, parse_ablate
 from .fit import EvalStats, FitStats, RowSample, TemplateMaps, fit
 from .templates import TEMPLATES, Template, Text, chosen_templates
-from .texts import LANGS, balanced, shipped_sources, user_text_sources, user_treebank_sources, windows
+from .texts import (
+    LANGS,
+    balanced,
+    check_langs,
+    shipped_sources,
+    user_text_sources,
+    user_treebank_sources,
+    windows,
+)
 
 __all__ = ["TEMPLATES", "Atlas", "Describe", "DescribeOptions", "Template", "Text"]
 
@@ -52,7 +60,7 @@ class DescribeOptions(Stats):
     lang: str = option(
         "en,zh",
         "Languages of the shipped texts to fit on and evaluate on (comma list: en, zh).",
-        check=lambda value: _check_langs(value),
+        check=check_langs,
     )
     eval_text: Path | None = option(
         None,
@@ -95,13 +103,6 @@ class DescribeOptions(Stats):
         "and evaluation windows. Costs a decomposition per layer and window (see headscope qk).",
         flag="--why/--no-why",
     )
-
-
-def _check_langs(value: str) -> None:
-    names = split_names(value) or []
-    unknown = [n for n in names if n not in LANGS]
-    if not names or unknown:
-        raise InputError(f"--lang {value}: choose from {', '.join(LANGS)} (comma list)")
 
 
 @dataclass

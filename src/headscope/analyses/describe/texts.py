@@ -23,10 +23,19 @@ from typing import Any
 from headscope.data.conllu import read_conllu
 from headscope.data.prompts import _read_text, configs_dir, display_path, load_texts, split_paragraphs
 from headscope.errors import InputError, PromptSetError
+from headscope.extend.protocol import split_names
 
 from .templates import Text, make_text, words_of
 
 LANGS = ("en", "zh")
+
+
+def check_langs(value: str) -> list[str]:
+    """``--lang``'s languages (comma list), each one of :data:`LANGS`; refuses an empty or unknown one."""
+    names = split_names(value) or []
+    if not names or any(n not in LANGS for n in names):
+        raise InputError(f"--lang {value}: choose from {', '.join(LANGS)} (comma list)")
+    return names
 
 
 @dataclass
