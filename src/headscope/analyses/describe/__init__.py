@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from headscope.capture import rows as capture_rows
 from headscope.errors import InputError
 from headscope.extend.base import (
     Report,
@@ -39,7 +40,7 @@ from headscope.verdicts.roles import assign_roles
 
 from .atlas import Atlas, build_atlas
 from .card import ABLATE_HELP, check_ablate, complete_cards, parse_ablate
-from .fit import EvalStats, FitStats, RowSample, TemplateMaps, fit
+from .fit import EvalStats, ExcerptRows, FitStats, RowSample, TemplateMaps, fit
 from .templates import TEMPLATES, Template, Text, chosen_templates
 from .texts import (
     LANGS,
@@ -129,7 +130,15 @@ class _Sampled:
         return self.sample(batch)
 
     def update(self, layer: int, attn: Any, batch: Any, q_start: int = 0) -> None:
-        self.inner.update(layer, attn, batch, q_start)
+        # The capture hands every reader the rows any of them reads (describe's evaluation reads its
+        # excerpts too): each reader gets the runs of its own rows only.
+        mine = self.sample(batch)[:, q_start : q_start + attn.shape[2]].any(0)
+        if bool(mine.all()):
+            self.inner.update(layer, attn, batch, q_start)
+            return
+        for start, stop in capture_rows.spans(mine[None]):
+            keys = min(attn.shape[3], q_start + stop) if batch.is_causal else attn.shape[3]
+            self.inner.update(layer, attn[:, :, start:stop, :keys], batch, q_start + start)
 
     def end_layer(self, layer: int, batch: Any) -> None:
         if hasattr(self.inner, "end_layer"):
@@ -147,13 +156,17 @@ def _pass(
     batch: int,
     progress: Any,
     label: str,
+    extra: tuple[Any, Any] | None = None,
 ) -> list[Any]:
     """One streamed pass over ``texts`` (the shared scorer): the sampled rows of every layer to
-    each reader (describe's statistics and any detectors)."""
+    each reader (describe's statistics and any detectors). ``extra``: ``(reader, reads)``, one
+    reader that reads more rows than the sample (the evaluation's excerpts)."""
     batches = model_batches(loaded, [t.ids for t in texts], [t.special for t in texts], batch)
-    score_batches(
-        loaded, batches, [_Sampled(r, sample) for r in readers], len(texts), label, progress=progress
-    )
+    wrapped = [_Sampled(r, sample) for r in readers]
+    if extra is not None:
+        reader, reads = extra
+        wrapped = [_Sampled(reader, capture_rows.union([sample, reads])), *wrapped]
+    score_batches(loaded, batches, wrapped, len(texts), label, progress=progress)
     return batches
 
 
@@ -202,9 +215,20 @@ def describe_heads(
     stats = FitStats(fit_maps, fit_texts, n_layers, n_heads, fit_rows)
     _pass(loaded, fit_texts, [stats], fit_rows, batch_size, progress, "describe: fit")
     fitted = fit(stats, max_templates=max_templates, conditioning=conditioning)
-    measured = EvalStats(TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads, eval_rows)
-    readers = [measured, *(detectors or [])]
-    batches = _pass(loaded, eval_texts, readers, eval_rows, batch_size, progress, "describe: evaluate")
+    excerpts = ExcerptRows(eval_texts)
+    measured = EvalStats(
+        TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads, eval_rows, excerpts
+    )
+    batches = _pass(
+        loaded,
+        eval_texts,
+        list(detectors or []),
+        eval_rows,
+        batch_size,
+        progress,
+        "describe: evaluate",
+        extra=(measured, excerpts),
+    )
     found = build_atlas(
         loaded,
         chosen,

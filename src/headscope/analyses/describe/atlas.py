@@ -27,10 +27,20 @@ does, from ``headscope qk`` on the same windows: ``key`` and ``query``, its top 
 share of its attention rebuilt from its top k sources each side, ``{k, explained, ci_low,
 ci_high}``) and at the top ``why`` (what it read: ``data``, ``windows``, ``rows_per_window``, and
 the decomposition's ``check``). Readers accept ``headscope-atlas/1`` documents, which have neither.
+
+Also optional within ``/2``, the heatmaps' data: at the top ``excerpts``, one per evaluation window
+(``window``, ``start``, and ``tokens``: the first token, then the excerpt's n tokens from
+``start``; '' for a special token), shared by every head; per head ``excerpt``: ``index`` (the
+excerpt where its attention off the first token is largest), ``off_first`` (its mean attention off
+the first token there), and base64 of uint8 arrays, value × 255 rounded: ``actual`` and
+``predicted`` (``[n, 1 + n]`` row-major: each excerpt query's attention on the first token and on
+the excerpt's keys, and the description's prediction there) and ``explained`` (``[n]``, each
+query's explained share over all its keys). :func:`excerpt_maps` decodes them.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,6 +104,7 @@ class Atlas:
     writes: dict[str, Any] | None = None  # how the heads' writes were read (see .card)
     ablation: dict[str, Any] | None = None  # how the heads were ablated (--ablate; see .card)
     why: dict[str, Any] | None = None  # what describe --why read (see set_why)
+    excerpts: list[dict[str, Any]] | None = None  # the heatmaps' shared excerpts (see excerpt_maps)
 
     def by_layer(self) -> dict[str, dict[str, int]]:
         """Per layer, how many heads have each dominant kind (the division of labour)."""
@@ -184,6 +195,7 @@ class Atlas:
             **({"writes": self.writes} if self.writes is not None else {}),
             **({"ablation": self.ablation} if self.ablation is not None else {}),
             **({"why": self.why} if self.why is not None else {}),
+            **({"excerpts": self.excerpts} if self.excerpts is not None else {}),
         }
 
     @classmethod
@@ -202,6 +214,7 @@ class Atlas:
             writes=data.get("writes"),
             ablation=data.get("ablation"),
             why=data.get("why"),
+            excerpts=data.get("excerpts"),
         )
 
 
@@ -439,6 +452,7 @@ def build_atlas(
                     "conditioned": conditioned,
                     "roles": [],
                     "contexts": _contexts(measured, eval_texts, layer, head, per_window_off),
+                    **_excerpt(measured, layer, head),
                 }
             )
     notes = []
@@ -486,7 +500,66 @@ def build_atlas(
             "interval": "95% bootstrap over evaluation windows",
         },
         notes=notes,
+        excerpts=_excerpts(measured, eval_texts),
     )
+
+
+def _uint8(values: Any) -> str:
+    """base64 of ``values`` (shares in [0, 1]) as uint8, value × 255 rounded, row-major."""
+    array = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
+    return base64.b64encode(np.rint(array * 255).astype(np.uint8).tobytes()).decode("ascii")
+
+
+def _excerpts(measured: EvalStats, texts: Sequence[Text]) -> list[dict[str, Any]] | None:
+    if measured.excerpts is None:
+        return None
+    return [
+        {"window": text.name, "start": start, "tokens": [text.pieces[0], *text.pieces[start:stop]]}
+        for text, (start, stop) in zip(texts, measured.excerpts.spans, strict=True)
+    ]
+
+
+def _excerpt(measured: EvalStats, layer: int, head: int) -> dict[str, Any]:
+    """The head's ``excerpt`` field: the excerpt where its attention off the first token is largest
+    (mean over the excerpt's queries), its two maps and its queries' explained shares."""
+    if measured.excerpts is None:
+        return {}
+    sizes = [stop - start for start, stop in measured.excerpts.spans]
+    off = measured.excerpt_off_first[:, layer, head].numpy() / np.maximum(sizes, 1)
+    best = int(np.argmax(off))
+    return {
+        "excerpt": {
+            "index": best,
+            "off_first": _share(off[best]),
+            "actual": _uint8(measured.excerpt_actual[best][layer, head].float().numpy()),
+            "predicted": _uint8(measured.excerpt_predicted[best][layer, head].float().numpy()),
+            "explained": _uint8(measured.excerpt_explained[best][layer, head].numpy()),
+        }
+    }
+
+
+def excerpt_maps(atlas: Atlas, head: dict[str, Any]) -> dict[str, Any] | None:
+    """A head's heatmaps decoded: ``tokens`` (the first token, then the excerpt's n), ``actual`` and
+    ``predicted`` (``[n, 1 + n]`` float arrays in [0, 1], on the uint8 grid), ``explained``
+    (``[n]``), ``window``, ``start`` and ``off_first``; None for an atlas written without them."""
+    entry = head.get("excerpt")
+    if entry is None or not atlas.excerpts:
+        return None
+    shared = atlas.excerpts[entry["index"]]
+    n = len(shared["tokens"]) - 1
+
+    def decode(text: str, shape: tuple[int, ...]) -> np.ndarray:
+        return np.frombuffer(base64.b64decode(text), dtype=np.uint8).reshape(shape) / 255.0
+
+    return {
+        "tokens": shared["tokens"],
+        "window": shared["window"],
+        "start": shared["start"],
+        "off_first": entry["off_first"],
+        "actual": decode(entry["actual"], (n, n + 1)),
+        "predicted": decode(entry["predicted"], (n, n + 1)),
+        "explained": decode(entry["explained"], (n,)),
+    }
 
 
 def _share(x: float) -> float:
@@ -676,6 +749,25 @@ def json_schema() -> dict[str, Any]:
             "writes": writes,
             "matters": matters,
             "why": why,
+            "excerpt": {
+                "type": "object",
+                "description": "the card's heatmaps: the excerpt where the head's attention off the first "
+                "token is largest; maps as base64 of uint8 (value x 255), row-major",
+                "required": ["index", "off_first", "actual", "predicted", "explained"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0, "description": "into the top-level excerpts"},
+                    "off_first": share,
+                    "actual": {
+                        "type": "string",
+                        "description": "[n, 1 + n]: attention on the first token, then the excerpt's keys",
+                    },
+                    "predicted": {
+                        "type": "string",
+                        "description": "[n, 1 + n]: the description's prediction there",
+                    },
+                    "explained": {"type": "string", "description": "[n]: each query's explained share"},
+                },
+            },
         },
     }
     return {
@@ -732,6 +824,19 @@ def json_schema() -> dict[str, Any]:
             },
             "heads": {"type": "array", "items": head},
             "notes": {"type": "array", "items": {"type": "string"}},
+            "excerpts": {
+                "type": "array",
+                "description": "one excerpt per evaluation window, shared by the heads' heatmaps",
+                "items": {
+                    "type": "object",
+                    "required": ["window", "start", "tokens"],
+                    "properties": {
+                        "window": {"type": "string"},
+                        "start": {"type": "integer", "minimum": 1},
+                        "tokens": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                    },
+                },
+            },
             "why": {
                 "type": "object",
                 "description": "describe --why: what the decomposition read",
@@ -822,6 +927,8 @@ def _check_heads(data: dict[str, Any]) -> None:
         if key in seen:
             raise schemacheck.SchemaProblem(where, f"L{key[0]}H{key[1]} again (heads[{seen[key]}])")
         seen[key] = index
+        if "excerpt" in head:
+            _check_excerpt(where, head["excerpt"], data.get("excerpts") or [])
         totals: dict[str, float] = {}
         for component in head["components"]:
             totals[component["query_class"]] = totals.get(component["query_class"], 0.0) + component["weight"]
@@ -840,6 +947,24 @@ def _check_heads(data: dict[str, Any]) -> None:
             f"{len(seen)} heads for a layout of {layers} x {n_heads}: L{missing[0]}H{missing[1]} and "
             f"{layers * n_heads - len(seen) - 1} more have no card",
         )
+
+
+def _check_excerpt(where: str, entry: dict[str, Any], excerpts: list[dict[str, Any]]) -> None:
+    """A head's heatmaps point at an excerpt the atlas has, and hold that excerpt's cells."""
+    if entry["index"] >= len(excerpts):
+        raise schemacheck.SchemaProblem(
+            f"{where}.excerpt.index", f"{entry['index']} is outside the atlas's {len(excerpts)} excerpts"
+        )
+    n = len(excerpts[entry["index"]]["tokens"]) - 1
+    for name, size in (("actual", n * (n + 1)), ("predicted", n * (n + 1)), ("explained", n)):
+        try:
+            got = len(base64.b64decode(entry[name], validate=True))
+        except ValueError:
+            raise schemacheck.SchemaProblem(f"{where}.excerpt.{name}", "is not base64") from None
+        if got != size:
+            raise schemacheck.SchemaProblem(
+                f"{where}.excerpt.{name}", f"{got} bytes for an excerpt of {n} tokens (expected {size})"
+            )
 
 
 def mixture(head: dict[str, Any], class_share: dict[str, float] | None = None) -> dict[str, float]:

@@ -38,6 +38,7 @@ N_CLASSES = len(QUERY_CLASSES)
 
 
 BLOCK = 16  # consecutive query rows per sampled block (each block is one exact span per layer)
+EXCERPT = 48  # at most this many tokens of an evaluation window are drawn as a head's heatmaps
 _CACHE_BYTES = 256 << 20  # template maps kept per batch (every layer of a batch reads the same ones)
 
 
@@ -76,6 +77,31 @@ class RowSample:
                 read = (position - offset).remainder(stride) < block
                 batch._cache[key] = real & read[None, :]
         return batch._cache[key]
+
+
+def excerpt_span(length: int) -> tuple[int, int]:
+    """``(start, stop)`` of a window's excerpt (the queries its heatmaps draw): its middle
+    :data:`EXCERPT` tokens, and at most an eighth of the window, so that the rows read for the
+    heatmaps stay a small part of the rows the evaluation pass computes exactly; never the first
+    token (its column is drawn beside every excerpt instead)."""
+    n = max(1, min(EXCERPT, length // 8, length - 1))
+    start = max(1, (length - n) // 2)
+    return start, min(start + n, length)
+
+
+class ExcerptRows:
+    """The query rows of each window's excerpt (:func:`excerpt_span`), as a capture reader's
+    ``reads``: ``[B, T]`` True at them."""
+
+    def __init__(self, texts: Sequence[Text]) -> None:
+        self.spans = [excerpt_span(len(t)) for t in texts]
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        out = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+        for row, example in enumerate(batch.example_index.tolist()):
+            start, stop = self.spans[example]
+            out[row, start:stop] = True
+        return out & batch.attention_mask.bool()
 
 
 class TemplateMaps:
@@ -424,7 +450,14 @@ def fit(
 
 class EvalStats:
     """Explained shares of fitted descriptions on the evaluation split, per window and head, and
-    what the top-context cards need (each query's strongest key off the first token)."""
+    what the top-context cards need (each query's strongest key off the first token).
+
+    With ``excerpts`` (the pass must then also read :class:`ExcerptRows`' rows; the shares count
+    only the ``sample``'s) it records each window's excerpt for the card's heatmaps, per layer and
+    head: the actual attention ``[n, 1 + n]`` of the excerpt's n queries on the first token and on
+    the excerpt's own keys, the description's prediction on the same cells, each query's explained
+    share over all its keys, and the attention off the first token summed over the excerpt's
+    queries (where it is largest is the excerpt the card draws)."""
 
     def __init__(
         self,
@@ -434,9 +467,19 @@ class EvalStats:
         n_layers: int,
         n_heads: int,
         sample: RowSample | None = None,
+        excerpts: ExcerptRows | None = None,
     ) -> None:
         n_e = len(texts)
         self.maps, self.texts, self.fitted, self.sample = maps, texts, fitted, sample
+        self.excerpts = excerpts
+        if excerpts is not None:
+            sizes = [stop - start for start, stop in excerpts.spans]
+            self.excerpt_actual = [
+                torch.zeros(n_layers, n_heads, n, n + 1, dtype=torch.float16) for n in sizes
+            ]
+            self.excerpt_predicted = [torch.zeros_like(m) for m in self.excerpt_actual]
+            self.excerpt_explained = [torch.zeros(n_layers, n_heads, n, dtype=torch.float32) for n in sizes]
+            self.excerpt_off_first = torch.zeros(n_e, n_layers, n_heads, dtype=torch.float64)
         shape = (n_e, n_layers, n_heads)
         self.explained = torch.zeros(shape, dtype=torch.float64)
         self.explained_plain = torch.zeros(shape, dtype=torch.float64)
@@ -482,6 +525,8 @@ class EvalStats:
             self.class_counts += (
                 torch.nn.functional.one_hot(classes.clamp(min=0), N_CLASSES)[classes >= 0].sum(0).double()
             )
+        if self.excerpts is not None:
+            self._record_excerpts(layer, a, by_query, batch, q_start)
         if keys > 1:
             value, where = a[..., 1:].max(-1)  # [B, H, c]
             value = value * (classes >= 0)[:, None, :]  # rows not read (or not queries): no arrow
@@ -491,6 +536,31 @@ class EvalStats:
                     continue
                 self.strongest[example][layer, :, q_start : q_start + n] = (where[row, :, :n] + 1).int()
                 self.strongest_weight[example][layer, :, q_start : q_start + n] = value[row, :, :n].half()
+
+    def _record_excerpts(
+        self, layer: int, a: torch.Tensor, by_query: torch.Tensor, batch: Batch, q_start: int
+    ) -> None:
+        """The chunk's excerpt rows of every head: attention and prediction on the excerpt's cells."""
+        stop, keys = q_start + a.shape[2], a.shape[3]
+        every = query_classes(batch, self.texts, q_start, stop)  # not the sample's: every excerpt row
+        for row, example in enumerate(batch.example_index.tolist()):
+            start, end = self.excerpts.spans[example]  # type: ignore[union-attr]
+            lo, hi = max(start, q_start), min(end, stop)
+            if hi <= lo:
+                continue
+            queries = slice(lo - q_start, hi - q_start)
+            classes = every[row, queries]
+            actual = a[row, :, queries]  # [H, m, K']
+            w = self._w[layer].permute(1, 0, 2)[classes.clamp(min=0)]  # [m, H, T]
+            predicted = torch.einsum("mht,mkt->hmk", w, by_query[row, queries])
+            predicted = predicted * (classes >= 0)[None, :, None]  # a non-query has no description
+            cells = torch.tensor([0, *range(start, min(end, keys))], dtype=torch.long)
+            rows = slice(lo - start, hi - start)
+            width = len(cells)
+            self.excerpt_actual[example][layer, :, rows, :width] = actual[..., cells].half()
+            self.excerpt_predicted[example][layer, :, rows, :width] = predicted[..., cells].half()
+            self.excerpt_explained[example][layer, :, rows] = torch.minimum(actual, predicted).sum(-1)
+            self.excerpt_off_first[example, layer] += actual[..., 1:].sum((-1, -2)).double()
 
 
 def bootstrap_shares(
