@@ -93,7 +93,7 @@ def test_actual_and_predicted_maps_share_the_excerpts_cells(measured):
         excerpts=_excerpts(found, texts),
     )
     head = _excerpt(found, 1, 0)
-    maps = excerpt_maps(atlas, head)
+    maps = excerpt_maps(atlas.excerpts, head)
     start, stop = excerpt_span(len(texts[1]))
     n = stop - start
     assert maps["start"] == start and maps["window"] == "eval1"
@@ -132,7 +132,7 @@ def test_describe_on_the_toy_stores_every_heads_maps_and_reads_them_back(toy, to
     assert len(data["excerpts"]) == atlas.evaluation["windows"]
     back = Atlas.from_json(data)  # and on read
     for head in back.heads:
-        maps = excerpt_maps(back, head)
+        maps = excerpt_maps(back.excerpts, head)
         n = len(maps["tokens"]) - 1
         assert maps["actual"].shape == maps["predicted"].shape == (n, n + 1)
         # Rows are attention on some of the keys: at most 1 (plus the uint8 rounding of each cell).

@@ -165,6 +165,26 @@ class Result:
 
         return Atlas.from_json(saved)
 
+    def card(self, head: str) -> Any:
+        """One head's describe card (``"L18H6"``): in Jupyter the card inline with its two heatmaps
+        (``_repr_html_``); ``.maps`` holds their data, ``.html()`` the fragment. Needs an atlas
+        (``hs.describe``, or ``hs.scan``'s)."""
+        import re
+
+        from headscope.analyses.describe.present import HeadCard
+
+        atlas = self.atlas
+        if atlas is None:
+            raise InputError(f"{self.analysis} result has no atlas: no head cards", hint="use hs.describe")
+        found = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", head.strip()) if isinstance(head, str) else None
+        if found is None:
+            raise InputError(f"head {head!r}: expected a head as L<layer>H<head>, such as L18H6")
+        layer, index = int(found[1]), int(found[2])
+        layers, heads = atlas.layout["layers"], atlas.layout["heads"]
+        if not (layer < layers and index < heads):
+            raise InputError(f"head {head!r}: outside the model's {layers} layers x {heads} heads")
+        return HeadCard(atlas, layer, index)
+
     @property
     def qk(self) -> Any:
         """``hs.qk``'s decomposition: a ``QKResult`` (``heads``, ``check``, ``to_json()``), live or read

@@ -35,6 +35,7 @@ from headscope.extend.protocol import (
     register,
     split_names,
 )
+from headscope.extend.writers import html_grid
 from headscope.verdicts.results import head_table, uncertainty_notes
 from headscope.verdicts.roles import assign_roles
 
@@ -287,8 +288,10 @@ class Describe(Analysis):
     outputs = (
         Output(
             "--html",
-            "Write a self-contained HTML page of every head's card.",
-            lambda r, p, f: describe_html(r, p, f),
+            "Write a self-contained HTML page: every head in a grid (colour: dominant kind; lightness: "
+            "explained share), filters, summary plots, and each head's card with its heatmaps "
+            "(page.html#L18H6 opens one head).",
+            html_grid,
             first=True,
         ),
     )
@@ -376,10 +379,12 @@ class Describe(Analysis):
         print_atlas(result.atlas, console, top)
 
     def html_section(self, result: Any) -> str | None:
-        from .present import STYLE, atlas_html
+        from .present import SECTION_CSS, atlas_html, card_templates
 
         atlas = result.atlas  # live, or read back from a saved result
-        return None if atlas is None else f"<style>{STYLE}</style>" + atlas_html(atlas)
+        if atlas is None:
+            return None
+        return f"<style>{SECTION_CSS}</style>" + atlas_html(atlas) + (card_templates(atlas, paint=True) or "")
 
 
 def _add_why(
@@ -406,10 +411,3 @@ def _add_why(
     )
     found.set_why(result)
     found.notes.extend(result.notes)
-
-
-def describe_html(result: Any, path: Path, force: bool) -> str:
-    """``--html``: every head's card as one self-contained page."""
-    from .present import write_html
-
-    return write_html(result, path, force)

@@ -538,14 +538,15 @@ def _excerpt(measured: EvalStats, layer: int, head: int) -> dict[str, Any]:
     }
 
 
-def excerpt_maps(atlas: Atlas, head: dict[str, Any]) -> dict[str, Any] | None:
+def excerpt_maps(excerpts: list[dict[str, Any]] | None, head: dict[str, Any]) -> dict[str, Any] | None:
     """A head's heatmaps decoded: ``tokens`` (the first token, then the excerpt's n), ``actual`` and
     ``predicted`` (``[n, 1 + n]`` float arrays in [0, 1], on the uint8 grid), ``explained``
-    (``[n]``), ``window``, ``start`` and ``off_first``; None for an atlas written without them."""
+    (``[n]``), ``window``, ``start`` and ``off_first``; None for an atlas written without them.
+    ``excerpts``: the atlas' (``Atlas.excerpts``, or its JSON's ``excerpts``)."""
     entry = head.get("excerpt")
-    if entry is None or not atlas.excerpts:
+    if entry is None or not excerpts:
         return None
-    shared = atlas.excerpts[entry["index"]]
+    shared = excerpts[entry["index"]]
     n = len(shared["tokens"]) - 1
 
     def decode(text: str, shape: tuple[int, ...]) -> np.ndarray:

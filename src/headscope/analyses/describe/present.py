@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import html
-import json
-from pathlib import Path
+import struct
+import zlib
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from headscope import files
-
-from .atlas import KINDS, Atlas, describe_components
+from .atlas import KINDS, Atlas, describe_components, excerpt_maps, grid_label
 from .card import matters_line, writes_line
 
 
@@ -142,7 +142,128 @@ def card_notes(atlas: Atlas) -> list[str]:
     return out
 
 
-def head_card(head: dict[str, Any], fit_counts: dict[str, int] | None = None) -> str:
+# One colour per dominant kind (the grid's hue; its lightness is the explained share).
+KIND_COLORS = {
+    "sink": "#868e96",
+    "offset": "#1c7ed6",
+    "diffuse": "#f59f00",
+    "token": "#e03131",
+    "structure": "#2f9e44",
+    "syntax": "#9c36b5",
+    "key-class": "#0c8599",
+    "other": "#495057",
+}
+CELL = 8  # pixels per heatmap cell
+
+
+def _png(values: np.ndarray) -> str:
+    """A data URI of ``values`` (``[rows, cols]`` in [0, 1]) as a palette PNG, one pixel per cell:
+    white to dark blue on a square-root scale (so that weak attention still shows), the same for
+    every map, so two maps drawn with it compare cell by cell."""
+    rows, cols = values.shape
+    index = np.rint(np.clip(values, 0, 1) * 255).astype(np.uint8)
+    ramp = np.sqrt(np.arange(256) / 255.0)
+    palette = np.stack([255 + (8 - 255) * ramp, 255 + (48 - 255) * ramp, 255 + (107 - 255) * ramp], -1)
+    raw = b"".join(b"\x00" + index[r].tobytes() for r in range(rows))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 3, 0, 0, 0))
+        + chunk(b"PLTE", np.rint(palette).astype(np.uint8).tobytes())
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _token(piece: str) -> str:
+    """A token as a heatmap label: specials named, whitespace made visible."""
+    if piece == "":
+        return "⟨special⟩"
+    return piece.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+
+
+def heatmaps_html(maps: dict[str, Any]) -> str:
+    """The card's two heatmaps, side by side on one colour scale: the head's attention on the
+    excerpt and the description's prediction, query tokens down (each query's explained share
+    beside its row) and keys across (the first token, then the excerpt)."""
+    esc = html.escape
+    tokens = [_token(t) for t in maps["tokens"]]
+    n = len(tokens) - 1
+    keys = "".join(f"<span title='{esc(t)}'>{esc(t)}</span>" for t in tokens)
+    queries = "".join(f"<span>{esc(t)}</span>" for t in tokens[1:])
+    shares = "".join(f"<span>{v:.2f}</span>" for v in maps["explained"])
+    size = f"width:{(n + 1) * CELL}px;height:{n * CELL}px"
+
+    def figure(name: str, title: str, values: np.ndarray, extra: str = "") -> str:
+        return (
+            f"<figure class=hm-fig data-map='{name}' data-rows='{n}' data-cols='{n + 1}'>"
+            f"<figcaption>{title}</figcaption><div class=hm-box style='--c:{CELL}px'>"
+            f"<div class=hm-corner></div><div class=hm-x>{keys}</div><div class=hm-y>{queries}</div>"
+            f"<img class=hm-img data-testid=card-heatmap alt='{esc(title)}: {n} queries down, "
+            f"{n + 1} keys across' src='{_png(values)}' style='{size}'>{extra}</div></figure>"
+        )
+
+    return (
+        f"<div class=hm-pair data-testid=card-heatmaps><p class=hm-note>{esc(maps['window'])}, tokens "
+        f"{maps['start']}–{maps['start'] + n - 1} (the evaluation excerpt where this head's attention off "
+        f"the first token is largest: {maps['off_first']:.2f} per query); the first column is the first "
+        "token; both maps on one √ scale from white (0) to dark blue (1)</p>"
+        + figure("actual", "attention", maps["actual"])
+        + figure(
+            "predicted",
+            "the description's prediction",
+            maps["predicted"],
+            f"<div class=hm-share title='each query&#39;s explained share'>{shares}</div>",
+        )
+        + "</div>"
+    )
+
+
+def _bar(label: str, entry: dict[str, Any] | float | None, title: str = "") -> str:
+    """One share as a bar (with its interval as a whisker), and its number."""
+    if isinstance(entry, dict):
+        value, low, high = entry.get("value"), entry.get("ci_low"), entry.get("ci_high")
+    else:
+        value, low, high = entry, None, None
+    if value is None:
+        return f"<div class=sb><span class=sb-l>{label}</span><span class=sb-t>— {title}</span></div>"
+    whisker = (
+        f"<i style='left:{100 * low:.1f}%;width:{100 * max(high - low, 0):.1f}%'></i>"
+        if low is not None and high is not None
+        else ""
+    )
+    text = f"{value:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else "")
+    return (
+        f"<div class=sb><span class=sb-l>{label}</span><span class=sb-b><b style='width:{100 * value:.1f}%'>"
+        f"</b>{whisker}</span><span class=sb-t>{text}</span></div>"
+    )
+
+
+def _components_html(head: dict[str, Any], fit_counts: dict[str, int] | None) -> str:
+    esc = html.escape
+    rows = "".join(
+        f"<div class=sb><span class=sb-l>{esc(c['name'])}"
+        + ("" if c["query_class"] == "all" else f" <small>on {esc(c['query_class'])}</small>")
+        + f"</span><span class=sb-b><b style='width:{100 * c['weight']:.1f}%'></b></span>"
+        f"<span class=sb-t>{c['weight']:.2f}</span></div>"
+        for c in head["components"]
+    )
+    return (
+        f"<p class=desc>{esc(describe_components(head['components'], fit_counts=fit_counts))}</p>"
+        f"<div class=weights data-testid=card-weights>{rows}</div>"
+    )
+
+
+def head_card(
+    head: dict[str, Any], fit_counts: dict[str, int] | None = None, maps: dict[str, Any] | None = None
+) -> str:
+    """One head's card: the description with its weights as bars, the shares with intervals, the two
+    heatmaps (``maps``: :func:`~.atlas.excerpt_maps`), the top contexts, what it writes, whether it
+    matters and why it attends there."""
     esc = html.escape
     rows = []
     for context in head["contexts"]:
@@ -156,18 +277,27 @@ def head_card(head: dict[str, Any], fit_counts: dict[str, int] | None = None) ->
             f"<div class=ctx><div class=win>{esc(context['window'])}: "
             f"{context['off_first']:.2f} off the first token</div><ol>{arrows}</ol></div>"
         )
-    explained = head["explained"]
-    bar = f"<div class=bar><span style='width:{100 * explained['value']:.0f}%'></span></div>"
+    name = f"L{head['layer']}H{head['head']}"
+    roles = "".join(f"<span class=role-badge>{esc(r)}</span>" for r in head["roles"]) or "none"
     return (
-        f"<section class=card id='L{head['layer']}H{head['head']}'>"
-        f"<h3>L{head['layer']}H{head['head']} <small>KV group {head['kv_group']}</small> — {esc(head['dominant'])}</h3>"
-        f"<p class=desc>{esc(describe_components(head['components'], fit_counts=fit_counts))}</p>"
-        f"{bar}<p>explains {_ci(explained)} of its attention on evaluation text and leaves {head['left']:.2f}; "
-        f"off the first token {_off_first(head)}; on the first token {head['first_token']:.2f}. "
-        f"Roles: {esc(', '.join(head['roles']) or 'none')}.</p>"
+        f"<section class=card id='{name}' data-layer='{head['layer']}' data-head='{head['head']}' "
+        f"data-testid=card>"
+        f"<h3>{name} <small>KV group {head['kv_group']}</small> — {esc(head['dominant'])}"
+        + (f" <small>({esc(head['dominant_kind'])})</small>" if head.get("dominant_kind") else "")
+        + "</h3>"
+        + _components_html(head, fit_counts)
+        + "<div class=shares>"
+        + _bar("explained", head["explained"])
+        + _bar("off first", head["explained_off_first"], "no attention off the first token")
+        + _bar("on first token", head["first_token"])
+        + "</div>"
+        + f"<p>explains {_ci(head['explained'])} of its attention on evaluation text and leaves "
+        f"{head['left']:.2f}; off the first token {_off_first(head)}; on the first token "
+        f"{head['first_token']:.2f}. Roles: {roles}.</p>"
+        + (heatmaps_html(maps) if maps is not None else "")
         + "".join(f"<p class=card-{cls}>{esc(line)}</p>" for cls, line in _card_lines(head))
-        + f"<details><summary>top contexts (strongest key, off the first token, of its strongest queries)</summary>"
-        f"{''.join(rows)}</details></section>"
+        + f"<details open><summary>top contexts (strongest key, off the first token, of its strongest "
+        f"queries)</summary>{''.join(rows)}</details></section>"
     )
 
 
@@ -184,41 +314,230 @@ def _off_first(head: dict[str, Any]) -> str:
     return _ci(entry)
 
 
-STYLE = """
-body{font-family:system-ui,'Noto Sans CJK SC',sans-serif;margin:2em;max-width:70em}
-.card{border:1px solid #ccc;border-radius:6px;padding:.6em 1em;margin:.6em 0}
-.desc{font-family:monospace}.bar{background:#eee;height:.5em;width:20em}
-.bar span{display:block;height:100%;background:#4dabf7}.k b{color:#c92a2a}.q b{color:#1864ab}
-.win{color:#555;font-size:90%}table{border-collapse:collapse}td,th{padding:0 .5em;text-align:right}
+# The card's look, in the report's head panel and in a notebook (Result.card).
+CARD_CSS = """/* describe cards (the report's head panel; Result.card in a notebook) */
+.head-card .card { border: 1px solid rgba(0, 0, 0, 0.15); border-radius: 6px; padding: 0.4rem 0.7rem; margin: 0.6rem 0; background: #fff; }
+.head-card .card h3 { font-size: 0.95rem; margin: 0.2rem 0; }
+.head-card .desc { font-family: monospace; font-size: 0.85rem; }
+.head-card .k b { color: #c92a2a; } .head-card .q b { color: #1864ab; }
+.head-card .win { color: var(--muted, #555); font-size: 90%; }
+.head-card .sb { display: flex; align-items: center; gap: 0.5rem; font-size: 0.82rem; }
+.head-card .sb-l { width: 9rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.head-card .sb-b { position: relative; width: 10rem; height: 0.6rem; background: #eceef0; flex: none; }
+.head-card .sb-b b { position: absolute; left: 0; top: 0; bottom: 0; background: #4dabf7; }
+.head-card .sb-b i { position: absolute; top: 45%; height: 2px; background: #1d2125; }
+.head-card .sb-t { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.head-card .shares { margin: 0.4rem 0; }
+.head-card .role-badge { display: inline-block; padding: 0 0.3rem; border: 1px solid #1d2125; border-radius: 3px; margin-right: 0.2rem; font-weight: 600; }
+.hm-pair { display: flex; flex-wrap: wrap; gap: 0.8rem; align-items: flex-start; margin: 0.5rem 0; }
+.hm-note { flex-basis: 100%; margin: 0; font-size: 0.8rem; color: var(--muted, #555); }
+.hm-fig { margin: 0; }
+.hm-fig figcaption { font-weight: 600; font-size: 0.85rem; }
+.hm-box { display: grid; grid-template-columns: auto auto auto; grid-template-rows: auto auto; font-size: calc(var(--c) - 1px); line-height: var(--c); }
+.hm-corner { grid-column: 1; grid-row: 1; }
+.hm-x { grid-column: 2; grid-row: 1; display: flex; align-items: flex-end; }
+.hm-x span { writing-mode: vertical-rl; width: var(--c); max-height: 7em; overflow: hidden; white-space: pre; flex: none; }
+.hm-y { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; align-items: flex-end; }
+.hm-y span, .hm-share span { height: var(--c); max-width: 8em; overflow: hidden; white-space: pre; padding: 0 0.2em; flex: none; }
+.hm-img { grid-column: 2; grid-row: 2; image-rendering: pixelated; border: 1px solid #d9dce0; }
+.hm-share { grid-column: 3; grid-row: 2; display: flex; flex-direction: column; color: #555; font-variant-numeric: tabular-nums; }
+"""
+
+# The atlas' own section above the grid: summary plots, legend, notes.
+SECTION_CSS = """/* describe's summary plots */
+.atlas-summary { display: flex; flex-wrap: wrap; gap: 1.5rem; align-items: flex-start; }
+.atlas-summary figure { margin: 0; } .atlas-summary figcaption { font-weight: 600; font-size: 0.88rem; }
+.atlas-summary svg text { font-size: 10px; fill: #555; }
+.kind-legend { display: flex; flex-wrap: wrap; gap: 0.2rem 1rem; font-size: 0.88rem; margin: 0.4rem 0; }
+.kind-legend span i { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 2px; margin-right: 0.3em; vertical-align: -0.1em; }
+.cell.dimmed { opacity: 0.15; }
+.cell.role-badge { box-shadow: inset 0 0 0 2px #1d2125; }
+.map .grid-filters { width: 0; min-width: 100%; }
+.grid-filters { display: flex; flex-wrap: wrap; gap: 0.4rem 0.9rem; margin: 0.3rem 0 0.5rem; font-size: 0.88rem; }
+.grid-filters select, .grid-filters input { font: inherit; font-size: 0.86rem; }
+.grid-filters input[type="number"] { width: 4.5rem; }
 """
 
 
-def atlas_html(atlas: Atlas) -> str:
-    """The cards as one HTML section (every head's description, shares and top contexts)."""
+def cell_color(kind: str, share: float) -> str:
+    """The grid's colour of a head: its dominant kind's hue, lighter the less it explains (white at 0)."""
+    base = KIND_COLORS.get(kind, KIND_COLORS["other"])
+    mix = 0.15 + 0.85 * min(max(share, 0.0), 1.0)
+    rgb = [int(base[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(255 + (c - 255) * mix):02x}" for c in rgb)
+
+
+def cell_attributes(head: dict[str, Any]) -> dict[str, str]:
+    """What the report's grid draws for a described head (the card template's data attributes):
+    its colour, label, tooltip line, and what the filters read."""
+    share = head["explained"]["value"] or 0.0
+    roles = [r for r in head["roles"] if r and r != "sink"]
+    return {
+        "color": cell_color(head["dominant_kind"], share),
+        "label": roles[0] if roles else grid_label(head["dominant"]),
+        "line": f"L{head['layer']}H{head['head']} · {describe_components(head['components'])} · "
+        f"explained {_ci(head['explained'])}" + (f" · roles {', '.join(roles)}" if roles else ""),
+        "kind": head["dominant_kind"],
+        "template": head["dominant"],
+        "roles": ",".join(roles),
+        "share": f"{share:.4f}",
+        "templates": ",".join(sorted({c["name"] for c in head["components"]})),
+    }
+
+
+def _svg_bars_by_layer(atlas: Atlas) -> str:
+    """Dominant kind per layer as stacked bars (one bar per layer, a segment per kind)."""
     by_layer = atlas.by_layer()
-    header = "".join(f"<th>{k}</th>" for k in KINDS)
-    body = "".join(
-        f"<tr><td>{layer}</td>" + "".join(f"<td>{row.get(k, 0) or ''}</td>" for k in KINDS) + "</tr>"
-        for layer, row in by_layer.items()
+    n_heads = atlas.layout["heads"]
+    width, bar, height = 16 + 14 * len(by_layer), 10, 110
+    parts = []
+    for i, (layer, row) in enumerate(by_layer.items()):
+        y = height - 10
+        for kind in KINDS:
+            count = row.get(kind, 0)
+            if not count:
+                continue
+            h = 90 * count / n_heads
+            y -= h
+            parts.append(
+                f"<rect x='{16 + 14 * i}' y='{y:.1f}' width='{bar}' height='{h:.1f}' "
+                f"fill='{KIND_COLORS[kind]}'><title>L{layer}: {count} {kind}</title></rect>"
+            )
+        if i % 5 == 0:
+            parts.append(f"<text x='{16 + 14 * i}' y='{height}'>{layer}</text>")
+    return (
+        f"<figure data-testid=plot-kinds><figcaption>dominant kind per layer (heads)</figcaption>"
+        f"<svg width='{width}' height='{height + 4}' role=img aria-label='dominant kind per layer'>"
+        f"<text x='0' y='12'>{n_heads}</text>{''.join(parts)}</svg></figure>"
+    )
+
+
+def _svg_histogram(atlas: Atlas) -> str:
+    values = [h["explained"]["value"] for h in atlas.heads if h["explained"]["value"] is not None]
+    counts, _ = np.histogram(values, bins=20, range=(0, 1))
+    top = max(int(counts.max()), 1) if len(values) else 1
+    parts = [
+        f"<rect x='{10 + 12 * i}' y='{100 - 90 * c / top:.1f}' width='11' height='{90 * c / top:.1f}' "
+        f"fill='#4dabf7'><title>{i / 20:.2f}–{(i + 1) / 20:.2f}: {c} heads</title></rect>"
+        for i, c in enumerate(counts.tolist())
+    ]
+    return (
+        "<figure data-testid=plot-histogram><figcaption>explained share (heads)</figcaption>"
+        f"<svg width='260' height='114' role=img aria-label='histogram of explained shares'>{''.join(parts)}"
+        f"<text x='10' y='112'>0</text><text x='124' y='112'>0.5</text><text x='240' y='112'>1</text>"
+        f"<text x='0' y='10'>{top}</text></svg></figure>"
+    )
+
+
+def _svg_by_layer(atlas: Atlas) -> str:
+    """Mean explained share by layer, with (all attention) and without the first token."""
+    layers = atlas.layout["layers"]
+    width = 20 + 12 * layers
+
+    def line(key: str, color: str) -> str:
+        points = []
+        for layer in range(layers):
+            values = [
+                h[key]["value"] for h in atlas.heads if h["layer"] == layer and h[key]["value"] is not None
+            ]
+            if values:
+                points.append(f"{20 + 12 * layer},{100 - 90 * float(np.mean(values)):.1f}")
+        return f"<polyline fill='none' stroke='{color}' stroke-width='2' points='{' '.join(points)}'/>"
+
+    return (
+        "<figure data-testid=plot-layers><figcaption>mean explained share by layer: "
+        "<span style='color:#1c7ed6'>all attention</span>, "
+        "<span style='color:#e8590c'>off the first token</span></figcaption>"
+        f"<svg width='{width}' height='114' role=img aria-label='mean explained share by layer'>"
+        f"<line x1='20' x2='{width}' y1='100' y2='100' stroke='#ccc'/><line x1='20' x2='{width}' y1='10' "
+        f"y2='10' stroke='#eee'/><text x='0' y='14'>1</text><text x='0' y='104'>0</text>"
+        + line("explained", "#1c7ed6")
+        + line("explained_off_first", "#e8590c")
+        + f"<text x='20' y='112'>L0</text><text x='{width - 30}' y='112'>L{layers - 1}</text></svg></figure>"
+    )
+
+
+def atlas_html(atlas: Atlas) -> str:
+    """describe's section of the report, above the grid: the summary, the summary plots (in place of
+    a table of counts) and the colour legend."""
+    legend = "".join(
+        f"<span><i style='background:{KIND_COLORS[k]}'></i>{k}</span>"
+        for k in KINDS
+        if any(h["dominant_kind"] == k for h in atlas.heads)
     )
     return (
-        f"<section class=describe><h2>Every head described</h2><p>{html.escape(summary_line(atlas))}</p>"
-        + "".join(f"<p>{html.escape(line)}</p>" for line in card_notes(atlas))
-        + f"<table><tr><th>layer</th>{header}</tr>{body}</table>"
-        + "".join(head_card(head, atlas.fit.get("query_classes")) for head in atlas.heads)
-        + "</section>"
+        f"<section class=describe data-testid=atlas-summary><h2>Every head described</h2>"
+        f"<p>{html.escape(summary_line(atlas))}</p>"
+        + "".join(f"<p class=muted>{html.escape(line)}</p>" for line in card_notes(atlas))
+        + "<div class=atlas-summary>"
+        + _svg_bars_by_layer(atlas)
+        + _svg_histogram(atlas)
+        + _svg_by_layer(atlas)
+        + "</div>"
+        + f"<p class=kind-legend>grid: colour the dominant kind, lighter where the description explains "
+        f"less; a framed cell has a detector role. {legend}</p></section>"
     )
 
 
-def page(atlas: Atlas) -> str:
-    title = html.escape(f"{atlas.model}: every head described")
-    data = html.escape(json.dumps({"schema": atlas.to_json()["schema"], "model": atlas.model}))
+def card_templates(atlas: Any, paint: bool = False) -> str | None:
+    """A hidden block of one ``<template data-head-card="layer,head">`` per described head: the
+    report's head panel shows the one of the head it opens, and, with ``paint`` (describe's own
+    page), the grid draws each cell from its ``data-*`` (:func:`cell_attributes`: colour by dominant
+    kind, tooltip, filters). ``atlas``: an :class:`Atlas` or its JSON. None without one; an entry
+    of a saved atlas that does not fit a card (a file edited by hand) gets none, and the page says so."""
+    if atlas is None:
+        return None
+    heads = atlas.get("heads") if isinstance(atlas, dict) else getattr(atlas, "heads", None)
+    if not isinstance(heads, list) or not heads:
+        return None
+    fit = atlas.get("fit") if isinstance(atlas, dict) else getattr(atlas, "fit", None)
+    counts = fit.get("query_classes") if isinstance(fit, dict) else None
+    counts = counts if isinstance(counts, dict) else None
+    excerpts = atlas.get("excerpts") if isinstance(atlas, dict) else getattr(atlas, "excerpts", None)
+    templates, unfit = [], []
+    for index, head in enumerate(heads):
+        try:
+            key = f"{int(head['layer'])},{int(head['head'])}"
+            card = head_card(head, counts, excerpt_maps(excerpts, head))
+            cells = cell_attributes(head) if paint else {}
+            attributes = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in cells.items())
+            templates.append(f'<template data-head-card="{key}"{attributes}>{card}</template>')
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+            unfit.append(f"heads[{index}] ({type(exc).__name__}: {exc})")
+    note = ""
+    if unfit:
+        shown = "; ".join(unfit[:3]) + (f"; and {len(unfit) - 3} more" if len(unfit) > 3 else "")
+        note = (
+            f'<p class="notes" data-testid="head-cards-unfit">describe cards: {len(unfit)} of the '
+            f"saved atlas' head entries do not fit a card, and their heads' panels show none: "
+            f"{html.escape(shown)}</p>\n"
+        )
+    painted = ' data-paint="kind"' if paint else ""
     return (
-        f"<!doctype html><html lang=en><meta charset=utf-8><title>{title}</title>"
-        f"<style>{STYLE}</style><body data-atlas='{data}'><h1>{title}</h1>{atlas_html(atlas)}</body></html>\n"
+        f"<style>\n{CARD_CSS}</style>\n{note}"
+        f'<div id="head-cards" hidden data-testid="head-cards" aria-hidden="true" '
+        f'title="describe cards"{painted}>{"".join(templates)}</div>\n'
     )
 
 
-def write_html(result: Any, path: Path, force: bool) -> str:
-    files.write_atomic(path, page(result.atlas), "--html", force)
-    return str(path)
+class HeadCard:
+    """One head's card (``Result.card("L18H6")``): the card with its heatmaps inline in Jupyter
+    (``_repr_html_``, plain HTML and CSS, no script), a line of text elsewhere."""
+
+    def __init__(self, atlas: Atlas, layer: int, head: int) -> None:
+        self.atlas, self.entry = atlas, atlas.head(layer, head)
+
+    @property
+    def maps(self) -> dict[str, Any] | None:
+        """The two heatmaps' data (:func:`~.atlas.excerpt_maps`), or None for an atlas without them."""
+        return excerpt_maps(self.atlas.excerpts, self.entry)
+
+    def html(self) -> str:
+        card = head_card(self.entry, self.atlas.fit.get("query_classes"), self.maps)
+        return f"<div class=head-card><style>{CARD_CSS}</style>{card}</div>"
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def __repr__(self) -> str:
+        return f"<headscope card of {self.atlas.model}: {cell_attributes(self.entry)['line']}>"

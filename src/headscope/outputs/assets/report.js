@@ -153,6 +153,23 @@
     nHeads = Math.max(nHeads, h.head + 1);
   });
 
+  // An analysis' section may paint the grid itself: <div id="head-cards" data-paint="kind"> whose
+  // <template data-head-card="l,h"> carry each cell's colour, label, tooltip line and filter fields.
+  var cardHolder = document.getElementById("head-cards");
+  var painted = !!(cardHolder && cardHolder.getAttribute("data-paint"));
+  var cardCell = {};
+  if (painted) {
+    Array.prototype.forEach.call(cardHolder.querySelectorAll("template[data-head-card]"), function (t) {
+      var d = t.dataset;
+      cardCell[d.headCard] = {
+        color: /^#[0-9a-fA-F]{6}$/.test(d.color || "") ? d.color : "#b7bcc2",
+        label: d.label || "", line: d.line || "", kind: d.kind || "", template: d.template || "",
+        templates: (d.templates || "").split(",").filter(Boolean),
+        roles: (d.roles || "").split(",").filter(Boolean), share: Number(d.share),
+      };
+    });
+  }
+
   // Per table: rows by head, the row count and the largest |score| (for signed axes).
   var tableInfo = tables.map(function (t) {
     var byHead = {};
@@ -202,6 +219,7 @@
   }
 
   function headSummary(l, h) {
+    if (cardCell[key(l, h)]) return cardCell[key(l, h)].line;
     var head = headAt[key(l, h)];
     var name = "L" + l + "H" + h;
     if (!head) return name + " \u00b7 no data";
@@ -269,6 +287,18 @@
   var selectedCell = null;
 
   function paintCell(cell, l, h) {
+    var painted_ = cardCell[key(l, h)];
+    if (painted_) {
+      cell.classList.remove("sink", "has-role");
+      cell.classList.toggle("role-badge", painted_.roles.length > 0);
+      cell.style.background = painted_.color;
+      cell.style.color = textColorFor(painted_.color);
+      cell.textContent = painted_.label || "\u00b7";
+      cell.setAttribute("data-role", painted_.roles[0] || "");
+      cell.setAttribute("data-kind", painted_.kind);
+      cell.setAttribute("aria-label", headSummary(l, h));
+      return;
+    }
     var head = headAt[key(l, h)];
     var role = head ? head.role : "";
     var shown = role && roleVisible[role] !== false;
@@ -431,6 +461,8 @@
       }
       ev.preventDefault();
       focusCell(l, h);
+      // With a head open, the arrows move the panel too: one head after another.
+      if (!panel.hidden) openPanel(focusL, focusH, cells[focusL][focusH], false);
     });
     grid.addEventListener("mouseover", function (ev) {
       var cell = cellOf(ev.target);
@@ -460,10 +492,105 @@
       if (!cellOf(ev.relatedTarget)) hideTooltip();
     });
 
+    if (painted) section.appendChild(buildGridFilters());
     section.appendChild(el("div", { className: "grid-scroll" }, grid));
     section.appendChild(el("p", { className: "counts", "data-testid": "role-counts", text: countLine() }));
     section.appendChild(el("p", { className: "muted hint", text: "Click a cell, or move with the arrow keys and press Enter, to see a head's scores and attention." }));
     top.appendChild(section);
+  }
+
+  // ---------------------------------------------------------------- grid filters (painted grids)
+
+  function buildGridFilters() {
+    var kinds = [];
+    var names = [];
+    var roleNames = [];
+    function note(list, v) { if (v && list.indexOf(v) < 0) list.push(v); }
+    Object.keys(cardCell).forEach(function (k) {
+      var c = cardCell[k];
+      note(kinds, c.kind);
+      note(names, c.template);
+      c.templates.forEach(function (t) { note(names, t); });
+      c.roles.forEach(function (r) { note(roleNames, r); });
+    });
+    names.sort();
+    roleNames.sort();
+    function choice(testid, values) {
+      var sel = el("select", { "data-testid": testid }, el("option", { value: "", text: "any" }));
+      values.forEach(function (v) { sel.appendChild(el("option", { value: v, text: v })); });
+      return sel;
+    }
+    var kindSel = choice("filter-kind", kinds);
+    var nameSel = choice("filter-template", names);
+    var roleSel = choice("filter-role", roleNames);
+    var low = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "0", "data-testid": "filter-min" });
+    var high = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "1", "data-testid": "filter-max" });
+    var search = el("input", { type: "search", placeholder: "L18H6 or a template", "data-testid": "filter-search", "aria-label": "find a head or a template" });
+    var shown = el("span", { className: "muted", "data-testid": "filter-count" });
+    function apply() {
+      var kind = kindSel.value;
+      var name = nameSel.value;
+      var role = roleSel.value;
+      var lo = low.value === "" ? 0 : Number(low.value);
+      var hi = high.value === "" ? 1 : Number(high.value);
+      var q = search.value.trim().toLowerCase();
+      var n = 0;
+      var total = 0;
+      for (var l = 0; l < cells.length; l++) {
+        for (var h = 0; h < cells[l].length; h++) {
+          var c = cardCell[key(l, h)];
+          var pass = !!c;
+          if (c) {
+            if (kind && c.kind !== kind) pass = false;
+            if (name && c.template !== name && c.templates.indexOf(name) < 0) pass = false;
+            if (role && c.roles.indexOf(role) < 0) pass = false;
+            if (!(c.share >= lo - 1e-9 && c.share <= hi + 1e-9)) pass = false;
+            if (q) {
+              var found = /^l\d+h\d+$/.test(q)
+                ? q === ("l" + l + "h" + h)
+                : c.template.toLowerCase().indexOf(q) >= 0 ||
+                  c.templates.some(function (t) { return t.toLowerCase().indexOf(q) >= 0; });
+              if (!found) pass = false;
+            }
+          }
+          total++;
+          if (pass) n++;
+          cells[l][h].classList.toggle("dimmed", !pass);
+          cells[l][h].setAttribute("data-dimmed", pass ? "false" : "true");
+        }
+      }
+      shown.textContent = n + " of " + total + " heads shown";
+    }
+    [kindSel, nameSel, roleSel].forEach(function (x) { x.addEventListener("change", apply); });
+    [low, high, search].forEach(function (x) { x.addEventListener("input", apply); });
+    search.addEventListener("keydown", function (ev) {
+      var m = /^l(\d+)h(\d+)$/i.exec(search.value.trim());
+      if (ev.key === "Enter" && m && cells[+m[1]] && cells[+m[1]][+m[2]]) {
+        focusCell(+m[1], +m[2]);
+        openPanel(+m[1], +m[2], cells[+m[1]][+m[2]], false);
+      }
+    });
+    var bar = el("div", { className: "grid-filters", "data-testid": "grid-filters", role: "group", "aria-label": "filter the heads" }, [
+      el("label", null, ["kind ", kindSel]),
+      el("label", null, ["template ", nameSel]),
+      el("label", null, ["role ", roleSel]),
+      el("label", null, ["explained ", low, " to ", high]),
+      el("label", null, ["find ", search]),
+      shown,
+    ]);
+    setTimeout(apply, 0);
+    return bar;
+  }
+
+  // The URL's hash names a head (page.html#L18H6): it opens that head's panel, and opening one sets it.
+  function openFromHash() {
+    var m = /^#L(\d+)H(\d+)$/i.exec(window.location.hash || "");
+    if (!m) return;
+    var l = Number(m[1]);
+    var h = Number(m[2]);
+    if (!cells[l] || !cells[l][h]) return;
+    focusCell(l, h);
+    openPanel(l, h, cells[l][h], false);
   }
 
   // ---------------------------------------------------------------- head panel
@@ -485,6 +612,9 @@
 
   function closePanel() {
     panel.hidden = true;
+    if (/^#L\d+H\d+$/i.test(window.location.hash || "") && window.history && window.history.replaceState) {
+      window.history.replaceState(null, "", window.location.pathname + window.location.search);
+    }
     panelHead = null;
     markCurrent(null, null);
     hideTooltip();
@@ -733,6 +863,10 @@
 
     panel.hidden = false;
     markCurrent(l, h);
+    var wanted = "#L" + l + "H" + h;
+    if (window.location.hash !== wanted && window.history && window.history.replaceState) {
+      window.history.replaceState(null, "", wanted);
+    }
     var rect = panel.getBoundingClientRect();
     if (moveFocus) {
       title.focus();
@@ -1011,4 +1145,6 @@
   buildSummaries();
   buildNotes();
   window.addEventListener("scroll", hideTooltip, { passive: true });
+  window.addEventListener("hashchange", openFromHash);
+  openFromHash();
 })();
