@@ -1146,5 +1146,15 @@
   buildNotes();
   window.addEventListener("scroll", hideTooltip, { passive: true });
   window.addEventListener("hashchange", openFromHash);
+  // With a head open and nothing else focused (a page opened at #L18H6), the arrows move the panel.
+  document.addEventListener("keydown", function (ev) {
+    if (!panel || panel.hidden || document.activeElement !== document.body || !cells.length) return;
+    var moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    var step = moves[ev.key];
+    if (!step) return;
+    ev.preventDefault();
+    focusCell(focusL + step[0], focusH + step[1]);
+    openPanel(focusL, focusH, cells[focusL][focusH], false);
+  });
   openFromHash();
 })();
