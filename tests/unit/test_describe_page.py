@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from headscope.analyses.describe.atlas import excerpt_maps
-from headscope.analyses.describe.present import KIND_COLORS, cell_color
+from headscope.analyses.describe.present import KIND_COLORS, cell_color, ink
 from headscope.errors import InputError
 
 
@@ -24,7 +24,7 @@ def described(toy, toy_texts):
 
 
 def _png(uri: str) -> tuple[int, int, np.ndarray]:
-    """(width, height, palette indices) of a palette PNG data URI (one IDAT, filter 0 rows)."""
+    """(width, height, grey levels) of a greyscale PNG data URI (one IDAT, filter 0 rows)."""
     data = base64.b64decode(uri.split(",", 1)[1])
     width, height = struct.unpack(">II", data[16:24])
     at, idat = 8, b""
@@ -52,8 +52,10 @@ def test_the_card_draws_the_heads_two_maps_on_the_same_cells(described):
     for uri, name in zip(images, ("actual", "predicted"), strict=True):
         width, height, pixels = _png(uri)
         assert (width, height) == (n + 1, n)
-        # Each pixel is the map's uint8 value: both maps on one scale.
-        np.testing.assert_array_equal(pixels, np.rint(maps[name] * 255).astype(np.uint8))
+        # Each pixel is the map's value on one scale for both maps: white 0, black 1.
+        np.testing.assert_array_equal(pixels, ink(maps[name]))
+    assert ink(np.array([0.0, 1.0])).tolist() == [255, 0]
+    assert np.all(np.diff(ink(np.linspace(0, 1, 256)).astype(int)) <= 0)  # darker with more attention
     # Token labels on both axes, each query's explained share beside its row.
     assert page.count("<div class=hm-x>") == 2 and page.count("<div class=hm-y>") == 2
     shares = re.search(r"<div class=hm-share[^>]*>(.*?)</div>", page).group(1)

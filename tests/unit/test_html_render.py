@@ -313,7 +313,7 @@ def test_scan_puts_each_heads_describe_card_into_the_report():
     assert [(layer, h) for layer, h, _ in cards] == [("1", "0")]
     card = cards[0][2]
     # the description, the share it explains and leaves, the top contexts (escaped)
-    assert "explains 0.930" in card and "leaves 0.07" in card
+    assert "<span class=sb-l>explained</span>" in card and "0.930" in card and "leaves 0.07" in card
     assert "natural&lt;en&gt;#1" in card and "natural<en>" not in page
     assert 'id="head-cards" hidden' in body
     # the head panel shows the card of the head it opens

@@ -156,23 +156,28 @@ KIND_COLORS = {
 CELL = 8  # pixels per heatmap cell
 
 
+def ink(values: np.ndarray) -> np.ndarray:
+    """The grey level a heatmap draws for each value in [0, 1] (on the uint8 grid): white for 0,
+    black for 1, on a square-root scale so that weak attention still shows. The page tints it
+    (``mix-blend-mode: screen`` over dark blue), the same for every map, so two maps compare cell
+    by cell."""
+    index = np.rint(np.clip(values, 0, 1) * 255)
+    return np.rint(255 * (1 - np.sqrt(index / 255))).astype(np.uint8)
+
+
 def _png(values: np.ndarray) -> str:
-    """A data URI of ``values`` (``[rows, cols]`` in [0, 1]) as a palette PNG, one pixel per cell:
-    white to dark blue on a square-root scale (so that weak attention still shows), the same for
-    every map, so two maps drawn with it compare cell by cell."""
+    """A data URI of ``values`` (``[rows, cols]`` in [0, 1]) as a greyscale PNG of :func:`ink`, one
+    pixel per cell (no palette: the smallest file for a few thousand cells)."""
     rows, cols = values.shape
-    index = np.rint(np.clip(values, 0, 1) * 255).astype(np.uint8)
-    ramp = np.sqrt(np.arange(256) / 255.0)
-    palette = np.stack([255 + (8 - 255) * ramp, 255 + (48 - 255) * ramp, 255 + (107 - 255) * ramp], -1)
-    raw = b"".join(b"\x00" + index[r].tobytes() for r in range(rows))
+    grey = ink(values)
+    raw = b"".join(b"\x00" + grey[r].tobytes() for r in range(rows))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     png = (
         b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 3, 0, 0, 0))
-        + chunk(b"PLTE", np.rint(palette).astype(np.uint8).tobytes())
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0))
         + chunk(b"IDAT", zlib.compress(raw, 9))
         + chunk(b"IEND", b"")
     )
@@ -186,15 +191,27 @@ def _token(piece: str) -> str:
     return piece.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
 
 
-def heatmaps_html(maps: dict[str, Any]) -> str:
+def axis_labels(tokens: list[str]) -> tuple[str, str]:
+    """The heatmaps' key labels (the first token, then the excerpt) and query labels (the excerpt)."""
+    esc = html.escape
+    shown = [esc(_token(t)) for t in tokens]
+    return "".join(f"<span>{t}</span>" for t in shown), "".join(f"<span>{t}</span>" for t in shown[1:])
+
+
+def heatmaps_html(maps: dict[str, Any], shared: int | None = None) -> str:
     """The card's two heatmaps, side by side on one colour scale: the head's attention on the
     excerpt and the description's prediction, query tokens down (each query's explained share
-    beside its row) and keys across (the first token, then the excerpt)."""
+    beside its row) and keys across (the first token, then the excerpt). ``shared``: the excerpt's
+    index when the page holds its labels once for every card (:func:`card_templates`; the page's
+    script fills them in), else the labels are written into the card."""
     esc = html.escape
-    tokens = [_token(t) for t in maps["tokens"]]
-    n = len(tokens) - 1
-    keys = "".join(f"<span title='{esc(t)}'>{esc(t)}</span>" for t in tokens)
-    queries = "".join(f"<span>{esc(t)}</span>" for t in tokens[1:])
+    n = len(maps["tokens"]) - 1
+    if shared is None:
+        keys, queries = axis_labels(maps["tokens"])
+        x_axis, y_axis = f"<div class=hm-x>{keys}</div>", f"<div class=hm-y>{queries}</div>"
+    else:
+        x_axis = f"<div class=hm-x data-labels='x{shared}'></div>"
+        y_axis = f"<div class=hm-y data-labels='y{shared}'></div>"
     shares = "".join(f"<span>{v:.2f}</span>" for v in maps["explained"])
     size = f"width:{(n + 1) * CELL}px;height:{n * CELL}px"
 
@@ -202,16 +219,16 @@ def heatmaps_html(maps: dict[str, Any]) -> str:
         return (
             f"<figure class=hm-fig data-map='{name}' data-rows='{n}' data-cols='{n + 1}'>"
             f"<figcaption>{title}</figcaption><div class=hm-box style='--c:{CELL}px'>"
-            f"<div class=hm-corner></div><div class=hm-x>{keys}</div><div class=hm-y>{queries}</div>"
-            f"<img class=hm-img data-testid=card-heatmap alt='{esc(title)}: {n} queries down, "
-            f"{n + 1} keys across' src='{_png(values)}' style='{size}'>{extra}</div></figure>"
+            f"<div class=hm-corner></div>{x_axis}{y_axis}"
+            f"<span class=hm-tint><img class=hm-img data-testid=card-heatmap alt='{title}' "
+            f"src='{_png(values)}' style='{size}'></span>{extra}</div></figure>"
         )
 
     return (
         f"<div class=hm-pair data-testid=card-heatmaps><p class=hm-note>{esc(maps['window'])}, tokens "
-        f"{maps['start']}–{maps['start'] + n - 1} (the evaluation excerpt where this head's attention off "
-        f"the first token is largest: {maps['off_first']:.2f} per query); the first column is the first "
-        "token; both maps on one √ scale from white (0) to dark blue (1)</p>"
+        f"{maps['start']}–{maps['start'] + n - 1}: the excerpt where its attention off the first token "
+        f"is largest ({maps['off_first']:.2f} per query); column 0 is the first token; one √ scale, "
+        "white 0 to dark blue 1</p>"
         + figure("actual", "attention", maps["actual"])
         + figure(
             "predicted",
@@ -244,22 +261,35 @@ def _bar(label: str, entry: dict[str, Any] | float | None, title: str = "") -> s
 
 
 def _components_html(head: dict[str, Any], fit_counts: dict[str, int] | None) -> str:
+    """The description, then its weights as bars: one group per distinct mixture, headed by the
+    query classes that share it."""
     esc = html.escape
-    rows = "".join(
-        f"<div class=sb><span class=sb-l>{esc(c['name'])}"
-        + ("" if c["query_class"] == "all" else f" <small>on {esc(c['query_class'])}</small>")
-        + f"</span><span class=sb-b><b style='width:{100 * c['weight']:.1f}%'></b></span>"
-        f"<span class=sb-t>{c['weight']:.2f}</span></div>"
-        for c in head["components"]
-    )
+    groups: dict[tuple[tuple[str, float], ...], list[str]] = {}
+    by_class: dict[str, list[tuple[str, float]]] = {}
+    for c in head["components"]:
+        by_class.setdefault(c["query_class"], []).append((c["name"], c["weight"]))
+    for query_class, parts in by_class.items():
+        groups.setdefault(tuple(parts), []).append(query_class)
+    rows = []
+    for parts, classes in groups.items():
+        if classes != ["all"]:
+            rows.append(f"<div class=sb-g>on {esc(', '.join(classes))}</div>")
+        rows.extend(
+            f"<div class=sb><span class=sb-l>{esc(name)}</span><span class=sb-b><b style='width:"
+            f"{100 * weight:.1f}%'></b></span><span class=sb-t>{weight:.2f}</span></div>"
+            for name, weight in parts
+        )
     return (
         f"<p class=desc>{esc(describe_components(head['components'], fit_counts=fit_counts))}</p>"
-        f"<div class=weights data-testid=card-weights>{rows}</div>"
+        f"<div class=weights data-testid=card-weights>{''.join(rows)}</div>"
     )
 
 
 def head_card(
-    head: dict[str, Any], fit_counts: dict[str, int] | None = None, maps: dict[str, Any] | None = None
+    head: dict[str, Any],
+    fit_counts: dict[str, int] | None = None,
+    maps: dict[str, Any] | None = None,
+    shared_labels: bool = False,
 ) -> str:
     """One head's card: the description with its weights as bars, the shares with intervals, the two
     heatmaps (``maps``: :func:`~.atlas.excerpt_maps`), the top contexts, what it writes, whether it
@@ -270,7 +300,7 @@ def head_card(
         arrows = "".join(
             f"<li><span class=k>{esc(a['before'])}<b>{esc(a['key_token'])}</b></span> … "
             f"<span class=q>{esc(a['between'][-30:])}<b>{esc(a['query_token'])}</b></span> "
-            f"<span class=w style='opacity:{0.3 + 0.7 * a['weight']:.2f}'>{a['weight']:.2f}</span></li>"
+            f"<span class=w>{a['weight']:.2f}</span></li>"
             for a in context["arrows"]
         )
         rows.append(
@@ -278,6 +308,8 @@ def head_card(
             f"{context['off_first']:.2f} off the first token</div><ol>{arrows}</ol></div>"
         )
     name = f"L{head['layer']}H{head['head']}"
+    if not isinstance(head["explained"]["value"], float | int):  # a card needs its share
+        raise TypeError(f"explained share {head['explained']['value']!r}")
     roles = "".join(f"<span class=role-badge>{esc(r)}</span>" for r in head["roles"]) or "none"
     return (
         f"<section class=card id='{name}' data-layer='{head['layer']}' data-head='{head['head']}' "
@@ -291,10 +323,12 @@ def head_card(
         + _bar("off first", head["explained_off_first"], "no attention off the first token")
         + _bar("on first token", head["first_token"])
         + "</div>"
-        + f"<p>explains {_ci(head['explained'])} of its attention on evaluation text and leaves "
-        f"{head['left']:.2f}; off the first token {_off_first(head)}; on the first token "
-        f"{head['first_token']:.2f}. Roles: {roles}.</p>"
-        + (heatmaps_html(maps) if maps is not None else "")
+        + f"<p>leaves {head['left']:.2f} unexplained. Roles: {roles}.</p>"
+        + (
+            heatmaps_html(maps, head["excerpt"]["index"] if shared_labels else None)
+            if maps is not None
+            else ""
+        )
         + "".join(f"<p class=card-{cls}>{esc(line)}</p>" for cls, line in _card_lines(head))
         + f"<details open><summary>top contexts (strongest key, off the first token, of its strongest "
         f"queries)</summary>{''.join(rows)}</details></section>"
@@ -305,13 +339,6 @@ def _card_lines(head: dict[str, Any]) -> list[tuple[str, str]]:
     """The card's lines on what the head writes (or why that was not read) and whether it matters."""
     lines = [("writes", writes_line(head)), ("matters", matters_line(head)), ("why", why_line(head))]
     return [(cls, line) for cls, line in lines if line]
-
-
-def _off_first(head: dict[str, Any]) -> str:
-    entry = head["explained_off_first"]
-    if entry.get("value") is None:
-        return "none to explain (all its attention is on the first token)"
-    return _ci(entry)
 
 
 # The card's look, in the report's head panel and in a notebook (Result.card).
@@ -328,6 +355,7 @@ CARD_CSS = """/* describe cards (the report's head panel; Result.card in a noteb
 .head-card .sb-b i { position: absolute; top: 45%; height: 2px; background: #1d2125; }
 .head-card .sb-t { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .head-card .shares { margin: 0.4rem 0; }
+.head-card .sb-g { font-size: 0.8rem; color: var(--muted, #555); margin-top: 0.2rem; }
 .head-card .role-badge { display: inline-block; padding: 0 0.3rem; border: 1px solid #1d2125; border-radius: 3px; margin-right: 0.2rem; font-weight: 600; }
 .hm-pair { display: flex; flex-wrap: wrap; gap: 0.8rem; align-items: flex-start; margin: 0.5rem 0; }
 .hm-note { flex-basis: 100%; margin: 0; font-size: 0.8rem; color: var(--muted, #555); }
@@ -339,7 +367,8 @@ CARD_CSS = """/* describe cards (the report's head panel; Result.card in a noteb
 .hm-x span { writing-mode: vertical-rl; width: var(--c); max-height: 7em; overflow: hidden; white-space: pre; flex: none; }
 .hm-y { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; align-items: flex-end; }
 .hm-y span, .hm-share span { height: var(--c); max-width: 8em; overflow: hidden; white-space: pre; padding: 0 0.2em; flex: none; }
-.hm-img { grid-column: 2; grid-row: 2; image-rendering: pixelated; border: 1px solid #d9dce0; }
+.hm-tint { grid-column: 2; grid-row: 2; background: #08306b; isolation: isolate; display: block; line-height: 0; align-self: start; }
+.hm-img { image-rendering: pixelated; mix-blend-mode: screen; display: block; }
 .hm-share { grid-column: 3; grid-row: 2; display: flex; flex-direction: column; color: #555; font-variant-numeric: tabular-nums; }
 """
 
@@ -498,7 +527,7 @@ def card_templates(atlas: Any, paint: bool = False) -> str | None:
     for index, head in enumerate(heads):
         try:
             key = f"{int(head['layer'])},{int(head['head'])}"
-            card = head_card(head, counts, excerpt_maps(excerpts, head))
+            card = head_card(head, counts, excerpt_maps(excerpts, head), shared_labels=True)
             cells = cell_attributes(head) if paint else {}
             attributes = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in cells.items())
             templates.append(f'<template data-head-card="{key}"{attributes}>{card}</template>')
@@ -513,6 +542,11 @@ def card_templates(atlas: Any, paint: bool = False) -> str | None:
             f"{html.escape(shown)}</p>\n"
         )
     painted = ' data-paint="kind"' if paint else ""
+    # Each excerpt's axis labels once, for every card that draws it (report.js fills them in).
+    for index, excerpt in enumerate(excerpts or []):
+        keys, queries = axis_labels(excerpt["tokens"])
+        templates.append(f'<template data-labels="x{index}">{keys}</template>')
+        templates.append(f'<template data-labels="y{index}">{queries}</template>')
     return (
         f"<style>\n{CARD_CSS}</style>\n{note}"
         f'<div id="head-cards" hidden data-testid="head-cards" aria-hidden="true" '

@@ -849,6 +849,12 @@
     if (card && card.content) {
       var holder = el("div", { className: "head-card", "data-testid": "panel-card" });
       holder.appendChild(card.content.cloneNode(true));
+      // Labels the page holds once for many cards (<template data-labels="ID">) fill the card's
+      // elements that name them (data-labels="ID").
+      Array.prototype.forEach.call(holder.querySelectorAll("[data-labels]"), function (node) {
+        var shared = document.querySelector('template[data-labels="' + node.getAttribute("data-labels") + '"]');
+        if (shared && shared.content && !node.childNodes.length) node.appendChild(shared.content.cloneNode(true));
+      });
       panel.appendChild(holder);
     }
 
