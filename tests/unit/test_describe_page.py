@@ -97,3 +97,43 @@ def test_lightness_is_the_explained_share():
     assert sum(int(faint[i : i + 2], 16) for i in (1, 3, 5)) > sum(
         int(full[i : i + 2], 16) for i in (1, 3, 5)
     )
+
+
+def test_nearest_heads_of_an_atlas_and_itself_are_at_distance_zero(described):
+    from headscope.analyses.describe.atlas import description_distance, nearest_heads
+
+    atlas = described.atlas
+    nearest = nearest_heads(atlas, atlas)
+    assert set(nearest) == {(h["layer"], h["head"]) for h in atlas.heads}
+    for (layer, _head), (other, distance) in nearest.items():
+        assert distance == 0.0
+        # Among equal descriptions, the one at the nearest relative depth: here its own layer.
+        assert other["layer"] == layer
+    a, b = atlas.heads[0], atlas.heads[-1]
+    share = {"content-word": 1.0}
+    assert description_distance(a, b, share, share) == pytest.approx(description_distance(b, a, share, share))
+    assert 0 <= description_distance(a, b, share, share) <= 1
+
+
+def test_report_draws_two_describe_results_side_by_side(described, tmp_path):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    saved = tmp_path / "toy.json"
+    saved.write_text(described.to_json())
+    page = tmp_path / "two.html"
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", str(saved), str(saved), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text(encoding="utf-8")
+    assert "data-testid=beside" in text  # both grids by relative depth
+    partners = re.findall(r"data-partner='(L\d+H\d+)' data-distance='([\d.]+)'", text)
+    assert len(partners) == 2 * 4 and all(float(d) == 0.0 for _, d in partners)
+    # Each partner card is held once and named by the panel's placeholder.
+    for name in {p for p, _ in partners}:
+        assert text.count(f'<template data-labels="b:{name}">') == 1
+    three = runner.invoke(
+        app, ["report", str(saved), str(saved), str(saved), "--html", str(tmp_path / "x.html")]
+    )
+    assert three.exit_code == 2 and "3 results given" in three.output

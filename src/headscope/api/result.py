@@ -58,6 +58,7 @@ class Result:
         self._saved = saved
         self._examples: list[dict[str, Any]] | None = None
         self._read_notes: list[str] = []  # what reading a saved result noted (a newer writer)
+        self.beside: Result | None = None  # another result drawn beside this one (html(beside=...))
         # hs.run(..., profile=True): the cost ledger (headscope.capture.ledger.Profile); else None
         self.profile: Any = None
 
@@ -384,9 +385,24 @@ class Result:
         return self
 
     def html(
-        self, *, examples: bool = True, command: str | None = None, notes: list[str] | None = None
+        self,
+        *,
+        examples: bool = True,
+        command: str | None = None,
+        notes: list[str] | None = None,
+        beside: Result | None = None,
     ) -> str:
-        """The self-contained HTML report (inline CSS, JS and data; nothing is fetched)."""
+        """The self-contained HTML report (inline CSS, JS and data; nothing is fetched). ``beside``:
+        another model's describe result, drawn beside this one (both need an atlas)."""
+        if beside is not None:
+            for which, result in (("the first", self), ("the second", beside)):
+                if result.atlas is None:
+                    raise InputError(
+                        f"{which} result ({result.analysis} of {result.model}) has no atlas: two results "
+                        "side by side are two describe results",
+                        hint="headscope describe MODEL --format json -o a.json, for each model",
+                    )
+        self.beside = beside
         from headscope.outputs import html as page
         from headscope.outputs import report_data
 

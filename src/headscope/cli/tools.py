@@ -88,18 +88,26 @@ def sweep_cmd(
 
 @command(app, "report")
 def report_cmd(
-    result_file: Annotated[
-        Path, typer.Argument(help="A saved result (scan --format json output) or a headscope sweep store.")
+    result_files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A saved result (scan --format json output) or a headscope sweep store; or two describe "
+            "results (describe --format json), drawn side by side.",
+            show_default=False,
+        ),
     ],
     *,
     options: ReportOptions,
     where: Device,
     debug: Debug,
 ) -> None:
-    """Build the HTML report of a saved result (scan --format json), with attention heatmaps."""
+    """Build the HTML report of a saved result (scan --format json), with attention heatmaps; of two
+    describe results, one page with both models' atlases side by side."""
     check_outputs(options.force, ("--html", options.html))
-    saved = hs.Result.from_json(result_file, run=options.run)
-    write_report(saved, options, lambda spec: load_model(spec, LoadOptions.from_groups(where)))
+    saved = [hs.Result.from_json(path, run=options.run) for path in result_files[:2]]
+    write_report(
+        saved, options, lambda spec: load_model(spec, LoadOptions.from_groups(where)), len(result_files)
+    )
 
 
 # --- looking at one model ----------------------------------------------------------------------------

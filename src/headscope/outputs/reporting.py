@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, InputError
 from headscope.extend.protocol import option
 
 from .terminal import note, wrote
@@ -29,11 +29,25 @@ class ReportOptions:
     force: bool = option(False, "Overwrite output files that already exist.")
 
 
-def write_report(saved: Any, options: ReportOptions, load: Callable[[str], Any]) -> None:
-    """Write ``saved``'s HTML report to ``options.html``; with ``options.examples``, the heatmaps of
-    the model ``load(spec)`` gives (``--model``, or the one the result names). A model that cannot
-    be loaded leaves them out, with a note in the report and on stderr."""
+def write_report(
+    results: Any, options: ReportOptions, load: Callable[[str], Any], given: int | None = None
+) -> None:
+    """Write a saved result's HTML report to ``options.html``; with ``options.examples``, the heatmaps
+    of the model ``load(spec)`` gives (``--model``, or the one the result names). A model that cannot
+    be loaded leaves them out, with a note in the report and on stderr. ``results``: one result, or
+    a list of one or two (two describe results: one page, the second drawn beside the first, its
+    cards' heatmaps standing in for the examples); ``given``: how many the user named."""
+    results = results if isinstance(results, list) else [results]
+    if (given or len(results)) > 2:
+        raise InputError(
+            f"report: {given or len(results)} results given; it draws one, or two describe results side by side"
+        )
+    saved = results[0]
     notes: list[str] = []
+    if len(results) == 2:
+        document = saved.html(examples=False, command=command_line(), beside=results[1])
+        wrote(html_file(options.html, document, options.force))
+        return
     if options.examples:
         try:
             spec = options.model or str(saved.to_dict().get("spec") or saved.model)

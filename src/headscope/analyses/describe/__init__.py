@@ -379,12 +379,19 @@ class Describe(Analysis):
         print_atlas(result.atlas, console, top)
 
     def html_section(self, result: Any) -> str | None:
-        from .present import SECTION_CSS, atlas_html, card_templates
+        from .present import SECTION_CSS, atlas_html, beside_html, card_templates
 
         atlas = result.atlas  # live, or read back from a saved result
         if atlas is None:
             return None
-        return f"<style>{SECTION_CSS}</style>" + atlas_html(atlas) + (card_templates(atlas, paint=True) or "")
+        other = getattr(result, "beside", None)  # a second model's result drawn beside this one
+        beside = other.atlas if other is not None else None
+        return (
+            f"<style>{SECTION_CSS}</style>"
+            + (beside_html(atlas, beside) if beside is not None else "")
+            + atlas_html(atlas)
+            + (card_templates(atlas, paint=True, beside=beside) or "")
+        )
 
 
 def _add_why(

@@ -984,6 +984,46 @@ def mixture(head: dict[str, Any], class_share: dict[str, float] | None = None) -
     return out
 
 
+def class_shares(atlas: Atlas) -> dict[str, float]:
+    """How often each query class occurs on the atlas' fit split (what weighs a head's classes)."""
+    counts = atlas.fit.get("query_classes") or {}
+    total = sum(counts.values()) or 1
+    return {k: v / total for k, v in counts.items()}
+
+
+def description_distance(
+    head_a: dict[str, Any], head_b: dict[str, Any], share_a: dict[str, float], share_b: dict[str, float]
+) -> float:
+    """How far apart two heads' descriptions are: the total variation between their mixtures
+    (½ Σ |w_a − w_b| over template names; 0 the same, 1 nothing in common)."""
+    mix_a, mix_b = mixture(head_a, share_a), mixture(head_b, share_b)
+    return 0.5 * sum(abs(mix_a.get(t, 0.0) - mix_b.get(t, 0.0)) for t in set(mix_a) | set(mix_b))
+
+
+def nearest_heads(a: Atlas, b: Atlas) -> dict[tuple[int, int], tuple[dict[str, Any], float]]:
+    """For each head of ``a``, the head of ``b`` (any layout) whose description is closest
+    (:func:`description_distance`; ties: the nearer relative depth, then the lower index), and
+    that distance."""
+    share_a, share_b = class_shares(a), class_shares(b)
+    depth_a, depth_b = max(a.layout["layers"] - 1, 1), max(b.layout["layers"] - 1, 1)
+    out = {}
+    for head_a in a.heads:
+        best = min(
+            b.heads,
+            key=lambda h: (
+                round(description_distance(head_a, h, share_a, share_b), 9),
+                abs(head_a["layer"] / depth_a - h["layer"] / depth_b),
+                h["layer"],
+                h["head"],
+            ),
+        )
+        out[(head_a["layer"], head_a["head"])] = (
+            best,
+            round(description_distance(head_a, best, share_a, share_b), 4),
+        )
+    return out
+
+
 def compare_atlases(a: Atlas, b: Atlas, threshold: float = 0.25) -> list[dict[str, Any]]:
     """The heads whose description changed from ``a`` to ``b``: another dominant template, or
     mixtures at least ``threshold`` apart in total variation (½ Σ |w_a − w_b| over templates).
@@ -999,17 +1039,11 @@ def compare_atlases(a: Atlas, b: Atlas, threshold: float = 0.25) -> list[dict[st
             hint="compare checkpoints or fine-tunes of one architecture",
         )
 
-    def shares(atlas: Atlas) -> dict[str, float]:
-        counts = atlas.fit.get("query_classes") or {}
-        total = sum(counts.values()) or 1
-        return {k: v / total for k, v in counts.items()}
-
-    share_a, share_b = shares(a), shares(b)
+    share_a, share_b = class_shares(a), class_shares(b)
     changed = []
     for head_a in a.heads:
         head_b = b.head(head_a["layer"], head_a["head"])
-        mix_a, mix_b = mixture(head_a, share_a), mixture(head_b, share_b)
-        distance = 0.5 * sum(abs(mix_a.get(t, 0.0) - mix_b.get(t, 0.0)) for t in set(mix_a) | set(mix_b))
+        distance = description_distance(head_a, head_b, share_a, share_b)
         if head_a["dominant"] != head_b["dominant"] or distance >= threshold:
             changed.append(
                 {

@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .atlas import KINDS, Atlas, describe_components, excerpt_maps, grid_label
+from .atlas import KINDS, Atlas, describe_components, excerpt_maps, grid_label, nearest_heads
 from .card import matters_line, writes_line
 
 
@@ -198,11 +198,11 @@ def axis_labels(tokens: list[str]) -> tuple[str, str]:
     return "".join(f"<span>{t}</span>" for t in shown), "".join(f"<span>{t}</span>" for t in shown[1:])
 
 
-def heatmaps_html(maps: dict[str, Any], shared: int | None = None) -> str:
+def heatmaps_html(maps: dict[str, Any], shared: str | None = None) -> str:
     """The card's two heatmaps, side by side on one colour scale: the head's attention on the
     excerpt and the description's prediction, query tokens down (each query's explained share
     beside its row) and keys across (the first token, then the excerpt). ``shared``: the excerpt's
-    index when the page holds its labels once for every card (:func:`card_templates`; the page's
+    name (its atlas' prefix and index) when the page holds its labels once for every card (:func:`card_templates`; the page's
     script fills them in), else the labels are written into the card."""
     esc = html.escape
     n = len(maps["tokens"]) - 1
@@ -289,7 +289,7 @@ def head_card(
     head: dict[str, Any],
     fit_counts: dict[str, int] | None = None,
     maps: dict[str, Any] | None = None,
-    shared_labels: bool = False,
+    shared_labels: str | None = None,
 ) -> str:
     """One head's card: the description with its weights as bars, the shares with intervals, the two
     heatmaps (``maps``: :func:`~.atlas.excerpt_maps`), the top contexts, what it writes, whether it
@@ -325,7 +325,7 @@ def head_card(
         + "</div>"
         + f"<p>leaves {head['left']:.2f} unexplained. Roles: {roles}.</p>"
         + (
-            heatmaps_html(maps, head["excerpt"]["index"] if shared_labels else None)
+            heatmaps_html(maps, f"{shared_labels}{head['excerpt']['index']}" if shared_labels else None)
             if maps is not None
             else ""
         )
@@ -355,6 +355,8 @@ CARD_CSS = """/* describe cards (the report's head panel; Result.card in a noteb
 .head-card .sb-b i { position: absolute; top: 45%; height: 2px; background: #1d2125; }
 .head-card .sb-t { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .head-card .shares { margin: 0.4rem 0; }
+.head-card .pair { display: flex; flex-wrap: wrap; gap: 0.8rem; } .head-card .pair > div { flex: 1 1 28rem; min-width: 0; }
+.head-card .partner > p { margin: 0.6rem 0 0; font-size: 0.88rem; }
 .head-card .sb-g { font-size: 0.8rem; color: var(--muted, #555); margin-top: 0.2rem; }
 .head-card .role-badge { display: inline-block; padding: 0 0.3rem; border: 1px solid #1d2125; border-radius: 3px; margin-right: 0.2rem; font-weight: 600; }
 .hm-pair { display: flex; flex-wrap: wrap; gap: 0.8rem; align-items: flex-start; margin: 0.5rem 0; }
@@ -367,7 +369,7 @@ CARD_CSS = """/* describe cards (the report's head panel; Result.card in a noteb
 .hm-x span { writing-mode: vertical-rl; width: var(--c); max-height: 7em; overflow: hidden; white-space: pre; flex: none; }
 .hm-y { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; align-items: flex-end; }
 .hm-y span, .hm-share span { height: var(--c); max-width: 8em; overflow: hidden; white-space: pre; padding: 0 0.2em; flex: none; }
-.hm-tint { grid-column: 2; grid-row: 2; background: #08306b; isolation: isolate; display: block; line-height: 0; align-self: start; }
+.hm-tint { grid-column: 2; grid-row: 2; background: #08306b; isolation: isolate; display: block; line-height: 0; align-self: start; justify-self: start; }
 .hm-img { image-rendering: pixelated; mix-blend-mode: screen; display: block; }
 .hm-share { grid-column: 3; grid-row: 2; display: flex; flex-direction: column; color: #555; font-variant-numeric: tabular-nums; }
 """
@@ -508,12 +510,14 @@ def atlas_html(atlas: Atlas) -> str:
     )
 
 
-def card_templates(atlas: Any, paint: bool = False) -> str | None:
+def card_templates(atlas: Any, paint: bool = False, beside: Atlas | None = None) -> str | None:
     """A hidden block of one ``<template data-head-card="layer,head">`` per described head: the
     report's head panel shows the one of the head it opens, and, with ``paint`` (describe's own
     page), the grid draws each cell from its ``data-*`` (:func:`cell_attributes`: colour by dominant
-    kind, tooltip, filters). ``atlas``: an :class:`Atlas` or its JSON. None without one; an entry
-    of a saved atlas that does not fit a card (a file edited by hand) gets none, and the page says so."""
+    kind, tooltip, filters). ``beside``: another model's atlas; each card then sits beside the card
+    of that model's most similar head (:func:`~.atlas.nearest_heads`), with their distance.
+    ``atlas``: an :class:`Atlas` or its JSON. None without one; an entry of a saved atlas that does
+    not fit a card (a file edited by hand) gets none, and the page says so."""
     if atlas is None:
         return None
     heads = atlas.get("heads") if isinstance(atlas, dict) else getattr(atlas, "heads", None)
@@ -523,11 +527,23 @@ def card_templates(atlas: Any, paint: bool = False) -> str | None:
     counts = fit.get("query_classes") if isinstance(fit, dict) else None
     counts = counts if isinstance(counts, dict) else None
     excerpts = atlas.get("excerpts") if isinstance(atlas, dict) else getattr(atlas, "excerpts", None)
+    nearest = nearest_heads(atlas, beside) if beside is not None and isinstance(atlas, Atlas) else {}
     templates, unfit = [], []
+    partners: dict[str, dict[str, Any]] = {}
     for index, head in enumerate(heads):
         try:
             key = f"{int(head['layer'])},{int(head['head'])}"
-            card = head_card(head, counts, excerpt_maps(excerpts, head), shared_labels=True)
+            card = head_card(head, counts, excerpt_maps(excerpts, head), shared_labels="a")
+            if beside is not None and (head["layer"], head["head"]) in nearest:
+                other, distance = nearest[(head["layer"], head["head"])]
+                name = f"L{other['layer']}H{other['head']}"
+                partners.setdefault(name, other)
+                card = (  # the partner's card is held once in the page (data-labels), as the axes are
+                    f"<div class=pair><div>{card}</div><div class=partner><p data-testid=partner "
+                    f"data-partner='{name}' data-distance='{distance}'>most similar head of "
+                    f"{html.escape(beside.model)}: <b>{name}</b>, distance {distance:.2f} (total variation "
+                    f"between the two descriptions)</p><div data-labels='b:{name}'></div></div></div>"
+                )
             cells = cell_attributes(head) if paint else {}
             attributes = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in cells.items())
             templates.append(f'<template data-head-card="{key}"{attributes}>{card}</template>')
@@ -542,15 +558,72 @@ def card_templates(atlas: Any, paint: bool = False) -> str | None:
             f"{html.escape(shown)}</p>\n"
         )
     painted = ' data-paint="kind"' if paint else ""
+    for name, other in partners.items():
+        fit_b = beside.fit.get("query_classes") if beside is not None else None
+        partner = head_card(other, fit_b, excerpt_maps(beside.excerpts if beside else None, other), "b")
+        templates.append(f'<template data-labels="b:{name}">{partner}</template>')
     # Each excerpt's axis labels once, for every card that draws it (report.js fills them in).
-    for index, excerpt in enumerate(excerpts or []):
-        keys, queries = axis_labels(excerpt["tokens"])
-        templates.append(f'<template data-labels="x{index}">{keys}</template>')
-        templates.append(f'<template data-labels="y{index}">{queries}</template>')
+    shared = [("a", excerpts or []), ("b", (beside.excerpts or []) if beside is not None else [])]
+    for prefix, found in shared:
+        for number, excerpt in enumerate(found):
+            keys, queries = axis_labels(excerpt["tokens"])
+            templates.append(f'<template data-labels="x{prefix}{number}">{keys}</template>')
+            templates.append(f'<template data-labels="y{prefix}{number}">{queries}</template>')
     return (
         f"<style>\n{CARD_CSS}</style>\n{note}"
         f'<div id="head-cards" hidden data-testid="head-cards" aria-hidden="true" '
         f'title="describe cards"{painted}>{"".join(templates)}</div>\n'
+    )
+
+
+def beside_html(a: Atlas, b: Atlas) -> str:
+    """Two models' grids side by side, aligned by relative depth (a layer's top at its depth in its
+    model, 0 to 1), each cell coloured as the page's grid, and each layer's dominant kinds as a
+    stacked bar beside it."""
+    height, cell = 360, 9
+
+    def column(atlas: Atlas, x: float) -> tuple[str, float]:
+        layers, n_heads = atlas.layout["layers"], atlas.layout["heads"]
+        row = height / layers
+        parts = [f"<text x='{x}' y='12'>{html.escape(atlas.model)}</text>"]
+        by_layer = atlas.by_layer()
+        for head in atlas.heads:
+            share = head["explained"]["value"] or 0.0
+            parts.append(
+                f"<rect x='{x + head['head'] * cell:.1f}' y='{20 + head['layer'] * row:.1f}' width='{cell - 1}' "
+                f"height='{max(row - 1, 1):.1f}' fill='{cell_color(head['dominant_kind'], share)}'><title>"
+                f"L{head['layer']}H{head['head']}: {html.escape(head['dominant'])}, explained {share:.2f}"
+                "</title></rect>"
+            )
+        bars = x + n_heads * cell + 4
+        for layer, counts in by_layer.items():
+            at = bars
+            for kind in KINDS:
+                width = 40 * counts.get(kind, 0) / n_heads
+                if width:
+                    parts.append(
+                        f"<rect x='{at:.1f}' y='{20 + int(layer) * row:.1f}' width='{width:.1f}' "
+                        f"height='{max(row - 1, 1):.1f}' fill='{KIND_COLORS[kind]}'><title>L{layer}: "
+                        f"{counts[kind]} {kind}</title></rect>"
+                    )
+                    at += width
+        return "".join(parts), bars + 50
+
+    left, end = column(a, 30)
+    right, total = column(b, end + 20)
+    ticks = "".join(
+        f"<text x='0' y='{20 + f * height + 4:.0f}'>{f:.2g}</text>"
+        f"<line x1='24' x2='{total}' y1='{20 + f * height:.0f}' y2='{20 + f * height:.0f}' stroke='#eee'/>"
+        for f in (0, 0.25, 0.5, 0.75, 1)
+    )
+    return (
+        f"<section class=describe data-testid=beside><h2>{html.escape(a.model)} beside "
+        f"{html.escape(b.model)}</h2><p>Both grids by relative depth (0: the first layer, 1: the end of "
+        "the last), each cell coloured as the grid below, with each layer's dominant kinds beside it. "
+        f"The grid below is {html.escape(a.model)}'s: each head's card sits beside the card of "
+        f"{html.escape(b.model)}'s head whose description is closest.</p><svg width='{total:.0f}' "
+        f"height='{height + 30}' role=img aria-label='both grids by relative depth'>{ticks}{left}{right}"
+        "</svg></section>"
     )
 
 

@@ -849,12 +849,19 @@
     if (card && card.content) {
       var holder = el("div", { className: "head-card", "data-testid": "panel-card" });
       holder.appendChild(card.content.cloneNode(true));
-      // Labels the page holds once for many cards (<template data-labels="ID">) fill the card's
-      // elements that name them (data-labels="ID").
-      Array.prototype.forEach.call(holder.querySelectorAll("[data-labels]"), function (node) {
-        var shared = document.querySelector('template[data-labels="' + node.getAttribute("data-labels") + '"]');
-        if (shared && shared.content && !node.childNodes.length) node.appendChild(shared.content.cloneNode(true));
-      });
+      // Fragments the page holds once for many cards (<template data-labels="ID">: axis labels, a
+      // second model's card) fill the card's empty elements that name them (data-labels="ID"); a
+      // fragment may name others (a card's labels), hence a few passes.
+      for (var pass = 0; pass < 3; pass++) {
+        var empty = Array.prototype.filter.call(holder.querySelectorAll("[data-labels]"), function (node) {
+          return !node.childNodes.length;
+        });
+        if (!empty.length) break;
+        empty.forEach(function (node) {
+          var shared = document.querySelector('template[data-labels="' + node.getAttribute("data-labels") + '"]');
+          if (shared && shared.content) node.appendChild(shared.content.cloneNode(true));
+        });
+      }
       panel.appendChild(holder);
     }
 
