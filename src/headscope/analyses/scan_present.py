@@ -8,7 +8,8 @@ from typing import Any
 
 def head_cards(atlas: Any) -> str | None:
     """The describe card of each head (:func:`~.describe.present.card_templates`), for the report's
-    head panel; the grid keeps scan's role colours. None without an atlas."""
+    head panel; the grid keeps scan's role colours, and the cards leave out describe's two heatmaps
+    (the report draws each head's attention on its own examples). None without an atlas."""
     from .describe.present import card_templates
 
-    return card_templates(atlas)
+    return card_templates(atlas, heatmaps=False)

@@ -510,12 +510,15 @@ def atlas_html(atlas: Atlas) -> str:
     )
 
 
-def card_templates(atlas: Any, paint: bool = False, beside: Atlas | None = None) -> str | None:
+def card_templates(
+    atlas: Any, paint: bool = False, beside: Atlas | None = None, heatmaps: bool = True
+) -> str | None:
     """A hidden block of one ``<template data-head-card="layer,head">`` per described head: the
     report's head panel shows the one of the head it opens, and, with ``paint`` (describe's own
     page), the grid draws each cell from its ``data-*`` (:func:`cell_attributes`: colour by dominant
     kind, tooltip, filters). ``beside``: another model's atlas; each card then sits beside the card
     of that model's most similar head (:func:`~.atlas.nearest_heads`), with their distance.
+    ``heatmaps``: False leaves the cards' two heatmaps out (scan's report has heatmaps of its own).
     ``atlas``: an :class:`Atlas` or its JSON. None without one; an entry of a saved atlas that does
     not fit a card (a file edited by hand) gets none, and the page says so."""
     if atlas is None:
@@ -527,6 +530,7 @@ def card_templates(atlas: Any, paint: bool = False, beside: Atlas | None = None)
     counts = fit.get("query_classes") if isinstance(fit, dict) else None
     counts = counts if isinstance(counts, dict) else None
     excerpts = atlas.get("excerpts") if isinstance(atlas, dict) else getattr(atlas, "excerpts", None)
+    excerpts = excerpts if heatmaps else None
     nearest = nearest_heads(atlas, beside) if beside is not None and isinstance(atlas, Atlas) else {}
     templates, unfit = [], []
     partners: dict[str, dict[str, Any]] = {}
