@@ -25,8 +25,8 @@ def built(tmp_path_factory, toy_dir, toy_texts):
     result = runner.invoke(
         app,
         [
-            "describe", str(toy_dir), "--eval-text", str(toy_texts), "--context", "96", "--windows", "4",
-            "--resamples", "0", "--html", str(html), "--format", "json", "-o", str(out),
+            "describe", str(toy_dir), "--eval-text", str(toy_texts), "--context", "96", "--windows", "8",
+            "--resamples", "200", "--html", str(html), "--format", "json", "-o", str(out),
         ],
         catch_exceptions=False,
     )  # fmt: skip
@@ -119,7 +119,7 @@ def test_filters_dim_exactly_the_heads_they_leave_out(tab, built):
     _open(tab, built)
     shares = {(h["layer"], h["head"]): h["explained"]["value"] for h in built[1]["heads"]}
     cut = sorted(shares.values())[len(shares) // 2]
-    tab.locator("[data-testid=filter-min]").fill(f"{cut:.4f}")
+    tab.locator("[data-testid=grid-filter-min]").fill(f"{cut:.4f}")
 
     def dimmed():
         found = tab.locator("[data-testid=cell][data-dimmed=true]").evaluate_all(
@@ -128,12 +128,12 @@ def test_filters_dim_exactly_the_heads_they_leave_out(tab, built):
         return {tuple(x) for x in found}
 
     assert dimmed() == {k for k, v in shares.items() if v < cut - 1e-4}
-    tab.locator("[data-testid=filter-min]").fill("0")
-    tab.locator("[data-testid=filter-search]").fill("L1H2")
+    tab.locator("[data-testid=grid-filter-min]").fill("0")
+    tab.locator("[data-testid=grid-filter-search]").fill("L1H2")
     assert dimmed() == set(shares) - {(1, 2)}
-    tab.locator("[data-testid=filter-search]").fill("")
+    tab.locator("[data-testid=grid-filter-search]").fill("")
     kind = built[1]["heads"][0]["dominant_kind"]
-    tab.locator("[data-testid=filter-kind]").select_option(kind)
+    tab.locator("[data-testid=grid-filter-kind]").select_option(kind)
     assert dimmed() == {(h["layer"], h["head"]) for h in built[1]["heads"] if h["dominant_kind"] != kind}
 
 
@@ -142,3 +142,24 @@ def test_the_tooltip_gives_the_description_and_share(tab, built):
     _cell(tab, 0, 1).hover()
     text = tab.locator("[data-testid=tooltip]").text_content()
     assert text.startswith("L0H1 · ") and "explained" in text
+
+
+def test_a_role_keeps_its_badge_until_the_legend_hides_it(tab, built):
+    _open(tab, built)
+    with_role = [h for h in built[1]["heads"] if any(r != "sink" for r in h["roles"])]
+    assert with_role  # 8 windows with intervals: the toy's previous-token heads have their role
+    head = with_role[0]
+    role = next(r for r in head["roles"] if r != "sink")
+    cell = _cell(tab, head["layer"], head["head"])
+    assert "role-badge" in cell.get_attribute("class") and cell.text_content() == role
+    tab.locator(f"[data-testid=legend] input[data-role='{role}']").uncheck()
+    assert "role-badge" not in cell.get_attribute("class")
+    assert cell.text_content().startswith("~")  # its dominant template instead
+    # The role filter keeps exactly the heads with that role.
+    tab.locator("[data-testid=grid-filter-role]").select_option(role)
+    kept = tab.locator("[data-testid=cell][data-dimmed=false]").evaluate_all(
+        "xs => xs.map(x => [Number(x.dataset.layer), Number(x.dataset.head)])"
+    )
+    assert sorted(map(tuple, kept)) == sorted(
+        (h["layer"], h["head"]) for h in with_role if role in h["roles"]
+    )

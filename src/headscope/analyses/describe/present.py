@@ -406,6 +406,7 @@ def cell_attributes(head: dict[str, Any]) -> dict[str, str]:
     return {
         "color": cell_color(head["dominant_kind"], share),
         "label": roles[0] if roles else grid_label(head["dominant"]),
+        "fallback": grid_label(head["dominant"]),  # the label while the legend hides its roles
         "line": f"L{head['layer']}H{head['head']} · {describe_components(head['components'])} · "
         f"explained {_ci(head['explained'])}" + (f" · roles {', '.join(roles)}" if roles else ""),
         "kind": head["dominant_kind"],

@@ -163,7 +163,8 @@
       var d = t.dataset;
       cardCell[d.headCard] = {
         color: /^#[0-9a-fA-F]{6}$/.test(d.color || "") ? d.color : "#b7bcc2",
-        label: d.label || "", line: d.line || "", kind: d.kind || "", template: d.template || "",
+        label: d.label || "", fallback: d.fallback || d.label || "", line: d.line || "",
+        kind: d.kind || "", template: d.template || "",
         templates: (d.templates || "").split(",").filter(Boolean),
         roles: (d.roles || "").split(",").filter(Boolean), share: Number(d.share),
       };
@@ -289,12 +290,14 @@
   function paintCell(cell, l, h) {
     var painted_ = cardCell[key(l, h)];
     if (painted_) {
+      // A detector role keeps its badge (and label) while the legend shows that role.
+      var shownRoles = painted_.roles.filter(function (r) { return roleVisible[r] !== false; });
       cell.classList.remove("sink", "has-role");
-      cell.classList.toggle("role-badge", painted_.roles.length > 0);
+      cell.classList.toggle("role-badge", shownRoles.length > 0);
       cell.style.background = painted_.color;
       cell.style.color = textColorFor(painted_.color);
-      cell.textContent = painted_.label || "\u00b7";
-      cell.setAttribute("data-role", painted_.roles[0] || "");
+      cell.textContent = (shownRoles.length ? shownRoles[0] : painted_.fallback) || "\u00b7";
+      cell.setAttribute("data-role", shownRoles[0] || "");
       cell.setAttribute("data-kind", painted_.kind);
       cell.setAttribute("aria-label", headSummary(l, h));
       return;
@@ -520,13 +523,13 @@
       values.forEach(function (v) { sel.appendChild(el("option", { value: v, text: v })); });
       return sel;
     }
-    var kindSel = choice("filter-kind", kinds);
-    var nameSel = choice("filter-template", names);
-    var roleSel = choice("filter-role", roleNames);
-    var low = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "0", "data-testid": "filter-min" });
-    var high = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "1", "data-testid": "filter-max" });
-    var search = el("input", { type: "search", placeholder: "L18H6 or a template", "data-testid": "filter-search", "aria-label": "find a head or a template" });
-    var shown = el("span", { className: "muted", "data-testid": "filter-count" });
+    var kindSel = choice("grid-filter-kind", kinds);
+    var nameSel = choice("grid-filter-template", names);
+    var roleSel = choice("grid-filter-role", roleNames);
+    var low = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "0", "data-testid": "grid-filter-min" });
+    var high = el("input", { type: "number", min: "0", max: "1", step: "0.05", value: "1", "data-testid": "grid-filter-max" });
+    var search = el("input", { type: "search", placeholder: "L18H6 or a template", "data-testid": "grid-filter-search", "aria-label": "find a head or a template" });
+    var shown = el("span", { className: "muted", "data-testid": "grid-filter-count" });
     function apply() {
       var kind = kindSel.value;
       var name = nameSel.value;
@@ -549,7 +552,7 @@
               var found = /^l\d+h\d+$/.test(q)
                 ? q === ("l" + l + "h" + h)
                 : c.template.toLowerCase().indexOf(q) >= 0 ||
-                  c.templates.some(function (t) { return t.toLowerCase().indexOf(q) >= 0; });
+                  c.templates.concat(c.roles).some(function (t) { return t.toLowerCase().indexOf(q) >= 0; });
               if (!found) pass = false;
             }
           }
