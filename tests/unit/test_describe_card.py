@@ -23,7 +23,7 @@ from headscope.analyses.describe.card import (
     parse_ablate,
     writes_line,
 )
-from headscope.analyses.describe.present import atlas_html, print_atlas
+from headscope.analyses.describe.present import card_templates, print_atlas
 from headscope.analyses.weights import weights
 from headscope.errors import InputError
 from headscope.weightroles.ov import Circuits, ordinary_ids
@@ -147,7 +147,7 @@ def test_the_atlas_with_writes_and_ablation_validates_and_reads_back(planted):
     print_atlas(atlas, Console(file=console_text, width=300))
     out = console_text.getvalue()
     assert "ablating it raises the loss by" in out and "writes: copies" in out
-    page = atlas_html(atlas)
+    page = card_templates(atlas, paint=True)  # the page's cards
     assert "ablating it raises the loss by" in page and "its mean write promotes" in page
 
 
@@ -180,7 +180,7 @@ def test_describe_on_an_encoder_says_why_no_writes(tmp_path):
     atlas = hs.describe(loaded, eval_text=text, context=16, windows=2, resamples=0).atlas
     add_writes(atlas, loaded)
     assert "has no LM head" in atlas.writes["reason"]
-    page = atlas_html(atlas)
+    page = card_templates(atlas, paint=True)  # the page's cards
     assert page.count("<p class=card-writes>writes: not read: tiny-bert has no LM head") == len(atlas.heads)
     with pytest.raises(InputError, match="--ablate 2: ablation measures next-token loss"):
         check_ablate(loaded, "2")

@@ -320,7 +320,11 @@ def head_card(
         + _components_html(head, fit_counts)
         + "<div class=shares>"
         + _bar("explained", head["explained"])
-        + _bar("off first", head["explained_off_first"], "no attention off the first token")
+        + _bar(
+            "off first",
+            head["explained_off_first"],
+            "none to explain (all its attention is on the first token)",
+        )
         + _bar("on first token", head["first_token"])
         + "</div>"
         + f"<p>leaves {head['left']:.2f} unexplained. Roles: {roles}.</p>"
