@@ -141,3 +141,32 @@ def test_describe_on_the_toy_stores_every_heads_maps_and_reads_them_back(toy, to
     data["heads"][3]["excerpt"]["actual"] = data["heads"][3]["excerpt"]["actual"][:-8]
     with pytest.raises(Exception, match=r"heads\[3\]\.excerpt\.actual"):
         Atlas.from_json(data, "x.json")
+
+
+def test_reading_the_excerpts_changes_no_share_and_scan_reads_none(toy, toy_texts):
+    """The excerpt rows are read besides the sampled rows: every share is what it is without them
+    (the statistics and the detectors riding along see the sample only); scan reads no excerpts."""
+    from headscope.analyses.describe import describe_heads
+    from headscope.analyses.describe.texts import user_text_sources
+    from headscope.extend.base import detectors_for
+
+    sources = user_text_sources(toy_texts)
+    found = {}
+    for heatmaps in (True, False):
+        riding = detectors_for("text", None)  # describe's own riders
+        atlas, _ = describe_heads(
+            toy, sources, sources, eval_from="x", context=96, windows_per_split=4, rows=32,
+            n_resamples=0, detectors=riding, heatmaps=heatmaps,
+        )  # fmt: skip
+        scores = [r for d in riding for r in d.results("x")]
+        found[heatmaps] = (atlas, scores)
+    with_maps, without = found[True][0], found[False][0]
+    assert with_maps.excerpts is not None and without.excerpts is None
+    assert all("excerpt" in h for h in with_maps.heads) and not any("excerpt" in h for h in without.heads)
+    for a, b in zip(with_maps.heads, without.heads, strict=True):
+        assert a["explained"] == b["explained"] and a["explained_off_first"] == b["explained_off_first"]
+    assert found[True][1]
+    for a, b in zip(found[True][1], found[False][1], strict=True):
+        # The same rows, so the same sums; only float32 rounding differs where chunks are cut otherwise.
+        assert torch.equal(a.counts, b.counts), a.detector
+        torch.testing.assert_close(a.sums, b.sums, rtol=0, atol=1e-6)

@@ -532,6 +532,7 @@ def _describe_without_roles(
         n_resamples=options.resamples,
         seed=options.seed,
         progress=progress,
+        heatmaps=False,  # the report's panel shows the cards without them
     )
     atlas.set_roles(report.table)
     roles = {(int(r.layer), int(r.head)): r.role for r in head_roles(report.table).itertuples()}

@@ -188,11 +188,13 @@ def describe_heads(
     seed: int = 0,
     progress: Any = None,
     detectors: list[Any] | None = None,
+    heatmaps: bool = True,
 ) -> tuple[Atlas, list[Any]]:
     """Fit every head's description on ``fit_sources`` and measure it on ``eval_sources``: the atlas
     (roles left empty: :meth:`Atlas.set_roles`), and the evaluation batches. ``detectors`` ride
     along on the evaluation pass (describe's own roles; scan brings its own). ``rows``: the query
-    rows read per window (:class:`~.fit.RowSample`; None: every row)."""
+    rows read per window (:class:`~.fit.RowSample`; None: every row). ``heatmaps``: also read each
+    window's excerpt for the cards' two heatmaps (:class:`~.fit.ExcerptRows`; scan does not)."""
     # A source given twice ("--lang en,en") would be read twice and bootstrapped as independent.
     fit_sources = list({s.name: s for s in fit_sources}.values())
     eval_sources = list({s.name: s for s in eval_sources}.values())
@@ -216,19 +218,19 @@ def describe_heads(
     stats = FitStats(fit_maps, fit_texts, n_layers, n_heads, fit_rows)
     _pass(loaded, fit_texts, [stats], fit_rows, batch_size, progress, "describe: fit")
     fitted = fit(stats, max_templates=max_templates, conditioning=conditioning)
-    excerpts = ExcerptRows(eval_texts)
+    excerpts = ExcerptRows(eval_texts) if heatmaps else None
     measured = EvalStats(
         TemplateMaps(chosen, eval_texts), eval_texts, fitted, n_layers, n_heads, eval_rows, excerpts
     )
     batches = _pass(
         loaded,
         eval_texts,
-        list(detectors or []),
+        list(detectors or []) if excerpts else [measured, *(detectors or [])],
         eval_rows,
         batch_size,
         progress,
         "describe: evaluate",
-        extra=(measured, excerpts),
+        extra=(measured, excerpts) if excerpts else None,
     )
     found = build_atlas(
         loaded,
