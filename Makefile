@@ -54,8 +54,10 @@ docs: $(VENV)/.headscope
 
 # Regenerate the expensive blocks too (real models, minutes): each is stamped with the headscope
 # version, the date and the seconds it took.
+# Then the checks that repeat on a real model what `make test` proves on the toy (pytest -m docs_outputs).
 docs-outputs: $(VENV)/.headscope
 	$(BIN)/python scripts/docs.py outputs --expensive
+	$(BIN)/python -m pytest -q -m docs_outputs
 
 # Headless Chromium and a CJK font for the HTML report's browser tests (Debian packages; needs root).
 # Without them the browser tests fail with a message that says what to install.
@@ -71,16 +73,16 @@ browser:
 
 # Lint and the tests that load no real model, on every core (a few minutes on 2 cores).
 quick: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(QUICK_WORKERS) --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docs_outputs" -n $(QUICK_WORKERS) --dist loadgroup --durations=15
 
 # Everything: lint, the docs build, then every test (real models, browser, Ray, docs outputs): the
 # tests that load no real model on every core, as `make quick` runs them (docs-check has just built
 # the site, so its test is not run twice), then the slow ones in one process, where each bundled
 # model loads once and the shared SmolLM2 scan runs once (tests/conftest.py).
 test: lint docs-check browser
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(QUICK_WORKERS) --durations=15 \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docs_outputs" -n $(QUICK_WORKERS) --dist loadgroup --durations=15 \
 		--deselect tests/docs/test_docs_current.py::test_mkdocs_build_strict
-	$(BIN)/python -m pytest -q -m slow --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not docs_outputs" --durations=15
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache

@@ -2,6 +2,11 @@
 
 The notebook is executed with nbclient (the engine nbmake uses), once per model, because nbmake
 runs a notebook once with no parameters. Its outputs are stripped in git.
+
+The toy run is in every `make test`. The SmolLM2 run (about two minutes: transformers dequantizes
+the GGUF in the kernel, which shares no model with the suite) runs the same cells on the real
+model, which the shared SmolLM2 scan already covers through the API; it runs with
+`make docs-outputs`, which regenerates the real-model pages the notebook's text quotes.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def test_quickstart_on_the_toy(toy_dir, toy_texts, tmp_path):
     assert "top-2 Δloss" in shown
 
 
-@pytest.mark.slow
+@pytest.mark.docs_outputs
 def test_quickstart_on_smollm2(tmp_path):
     notebook = _execute({"QUICKSTART_MODEL": "smollm2-135m"}, tmp_path)
     shown = _outputs(notebook)
