@@ -379,26 +379,55 @@ class _Layer:
         two are merged by their log-sum-exps (as flash-decoding merges splits).
         """
         blocked = self._blocked(start, stop, first, limit)
-        if (
-            causal
-            and blocked is None
-            and self.query.device.type == "cpu"
-            and _lse_kernel_ok(self.query, self.value)
-        ):
+        fast = blocked is None and self.query.device.type == "cpu" and _lse_kernel_ok(self.query, self.value)
+        split = None
+        if fast and not causal:
+            # A batch with a shorter (padded) window: its rows past their end are not causal, so
+            # the chunk is not, and the masked kernel would take every row (on the CPU several
+            # times slower than the causal split, and quadratic in the chunk's keys). The rows
+            # whose mask is causal over this chunk go through the causal split; only the others
+            # keep the mask.
+            split = _causal_rows(self.mask, start, stop, first, limit, self.sink)
+        if (causal and fast) or split is not None:
+            which = slice(None) if split is None else split
             out, found = _causal_split(
-                self.query[:, :, start:stop],
-                self.key[:, :, first:limit],
-                self.value[:, :, first:limit],
+                self.query[which, :, start:stop],
+                self.key[which, :, first:limit],
+                self.value[which, :, first:limit],
                 start - first,
                 self.scaling,
             )
             if lse is not None:
-                lse[:, :, start:stop] = found
-            output[:, :, start:stop] = out
-            if self.sink is not None:
-                self.sink.counts.fused(self.layer, stop - start)
+                lse[which, :, start:stop] = found
+            output[which, :, start:stop] = out
+            if split is None:
+                if self.sink is not None:
+                    self.sink.counts.fused(self.layer, stop - start)
+                return
+            rest = torch.nonzero(~_row_flags(split, self.query.shape[0])).flatten()
+            self._masked(output, start, stop, first, limit, lse, blocked, rest)
             return
+        self._masked(output, start, stop, first, limit, lse, blocked, None)
+
+    def _masked(
+        self,
+        output: torch.Tensor,
+        start: int,
+        stop: int,
+        first: int,
+        limit: int,
+        lse: torch.Tensor | None,
+        blocked: torch.Tensor | None,
+        batch_rows: torch.Tensor | None,
+    ) -> None:
+        """Rows start..stop-1 through the masked fused kernel (``batch_rows``: only these rows of
+        the batch; None: all)."""
         rows_mask = self._rows(start, stop)
+        pick = slice(None) if batch_rows is None else batch_rows
+        if rows_mask is not None and batch_rows is not None and rows_mask.shape[0] > 1:
+            rows_mask = rows_mask[batch_rows]
+        if blocked is not None and batch_rows is not None and blocked.dim() == 4 and blocked.shape[0] > 1:
+            blocked = blocked[batch_rows]
         allowed = None
         if rows_mask is not None:
             allowed = rows_mask[..., first:limit]
@@ -411,22 +440,22 @@ class _Layer:
                 allowed = allowed.masked_fill(blocked, torch.finfo(allowed.dtype).min)
         if allowed is not None and allowed.dtype != torch.bool:
             allowed = allowed.to(self.query.dtype)
-        query = self.query[:, :, start:stop]
-        key, value = self.key[:, :, first:limit], self.value[:, :, first:limit]
+        query = self.query[pick, :, start:stop]
+        key, value = self.key[pick, :, first:limit], self.value[pick, :, first:limit]
         if lse is None:
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=allowed, scale=self.scaling
             )
         else:
             out, found = _fused_with_lse(query, key, value, allowed, self.scaling)
-            lse[:, :, start:stop] = found
+            lse[pick, :, start:stop] = found
         if allowed is not None:
             # A row that sees no key (padding past a sliding window) gets what the exact path
             # gives it, the mean of the values (a softmax over equal logits), not SDPA's 0 or NaN.
             dead = ~mask_open(allowed).any(-1, keepdim=True)  # [B, 1 or H, c, 1]
-            mean = self.value[:, :, first:limit].mean(-2, keepdim=True)
+            mean = value.mean(-2, keepdim=True)
             out = torch.where(dead, mean.to(out.dtype), torch.nan_to_num_(out, nan=0.0))
-        output[:, :, start:stop] = out
+        output[pick, :, start:stop] = out
         if self.sink is not None:
             self.sink.counts.fused(self.layer, stop - start)
 
@@ -461,6 +490,36 @@ def _fused_with_lse(
         )
         lse = lse[..., : query.shape[2]]
     return out, lse.float()
+
+
+def _row_flags(split: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[B]`` True at the batch rows ``split`` (their indices) names."""
+    flags = torch.zeros(batch, dtype=torch.bool, device=split.device)
+    flags[split] = True
+    return flags
+
+
+def _causal_rows(
+    mask: torch.Tensor | None, start: int, stop: int, first: int, limit: int, sink: _LayerSink | None
+) -> torch.Tensor | None:
+    """The batch rows (indices) whose mask lets every query of start..stop-1 (every head) see
+    exactly the keys first..q, where some rows do and some do not (a padded window's rows past its
+    end); None where none does, or the mask has no row per batch row. Read from the mask, once per
+    mask and chunk."""
+    if mask is None or mask.shape[2] == 1 or mask.shape[0] == 1 or limit != stop or first > start:
+        return None
+    memo = sink.plans if sink is not None else {}
+    ident = ("causal-rows", mask.data_ptr(), tuple(mask.shape), mask.dtype, start, stop, first, limit)
+    if ident not in memo:
+        block = mask_open(mask[:, :, start:stop, first:limit])  # [B, h, c, K']
+        before = block[..., : start - first].flatten(1).all(1)
+        size = stop - start
+        tri = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril_()
+        diag = (block[..., start - first :] == tri).flatten(1).all(1)
+        flags = before & diag
+        found = torch.nonzero(flags).flatten()
+        memo[ident] = found if 0 < len(found) < len(flags) else None  # type: ignore[assignment]
+    return memo[ident]  # type: ignore[return-value]
 
 
 def _causal_split(
