@@ -216,6 +216,8 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
             for selective in (True, False):
                 row = priced(loaded, f"ioi ({lang})", 0, lambda d=data: hs.ioi(m, t, data=d), selective)
                 out.append(row)
+                if save is not None:
+                    save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
                 print(
                     f"  ioi ({lang}) {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare",
                     file=sys.stderr,
