@@ -247,7 +247,7 @@ def table(data: dict) -> str:
         lines.append(
             f"{name:<20} {length or '—':>6}  {sel['passes']:>6}  {sel['ratio']:>9.2f}×  {full_ratio}  "
             f"{share:>9.1%}  {sel['peak_mb']:>8.0f}  {full_mb}  "
-            f"{sel.get('bare_peak_mb', float('nan')):>8.0f}"
+            + (f"{sel['bare_peak_mb']:>8.0f}" if "bare_peak_mb" in sel else f"{'—':>8}")
         )
     return "\n".join(lines)
 
