@@ -26,8 +26,11 @@ def _layer(mask: torch.Tensor, seed: int = 0) -> stream._Layer:
 def _reference(layer: stream._Layer, start: int, stop: int) -> torch.Tensor:
     allowed = layer.mask[:, :, start:stop, :stop]
     out = torch.nn.functional.scaled_dot_product_attention(
-        layer.query[:, :, start:stop], layer.key[:, :, :stop], layer.value[:, :, :stop],
-        attn_mask=allowed, scale=layer.scaling,
+        layer.query[:, :, start:stop],
+        layer.key[:, :, :stop],
+        layer.value[:, :, :stop],
+        attn_mask=allowed,
+        scale=layer.scaling,
     )
     return out
 
@@ -44,7 +47,9 @@ def test_padded_batch_splits_rows_and_matches_the_masked_kernel():
         output = torch.zeros_like(layer.query)
         lse = torch.zeros(4, 3, 24)
         layer.fused(output, start, stop, 0, stop, lse=lse, causal=split is None and stop <= 11)
-        torch.testing.assert_close(output[:, :, start:stop], _reference(layer, start, stop), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            output[:, :, start:stop], _reference(layer, start, stop), atol=1e-5, rtol=1e-5
+        )
         # the log-sum-exp of each row, as the pairs path reads it
         scores = layer.query[:, :, start:stop] @ layer.key[:, :, :stop].transpose(-1, -2) * layer.scaling
         scores = scores.masked_fill(~mask[:, :, start:stop, :stop], float("-inf"))
