@@ -39,11 +39,11 @@ def test_padded_batch_splits_rows_and_matches_the_masked_kernel():
     mask = _padded_mask([24, 24, 11, 24], 24)
     layer = _layer(mask)
     for start, stop in [(4, 9), (9, 17), (17, 24)]:
-        split = stream._causal_rows(mask, start, stop, 0, stop, None)
+        split, rest = stream._causal_rows(mask, start, stop, 0, stop, None)
         if stop <= 11:
-            assert split is None  # every row causal over the chunk
+            assert split is None and rest is None  # every row causal over the chunk
         else:
-            assert split.tolist() == [0, 1, 3]
+            assert split.tolist() == [0, 1, 3] and rest.tolist() == [2]
         output = torch.zeros_like(layer.query)
         lse = torch.zeros(4, 3, 24)
         layer.fused(output, start, stop, 0, stop, lse=lse, causal=split is None and stop <= 11)
@@ -58,4 +58,4 @@ def test_padded_batch_splits_rows_and_matches_the_masked_kernel():
 
 def test_no_row_causal_keeps_the_mask():
     mask = _padded_mask([5, 6], 12)
-    assert stream._causal_rows(mask, 8, 12, 0, 12, None) is None
+    assert stream._causal_rows(mask, 8, 12, 0, 12, None) == (None, None)

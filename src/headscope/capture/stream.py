@@ -380,14 +380,14 @@ class _Layer:
         """
         blocked = self._blocked(start, stop, first, limit)
         fast = blocked is None and self.query.device.type == "cpu" and _lse_kernel_ok(self.query, self.value)
-        split = None
+        split = rest = None
         if fast and not causal:
             # A batch with a shorter (padded) window: its rows past their end are not causal, so
             # the chunk is not, and the masked kernel would take every row (on the CPU several
             # times slower than the causal split, and quadratic in the chunk's keys). The rows
             # whose mask is causal over this chunk go through the causal split; only the others
             # keep the mask.
-            split = _causal_rows(self.mask, start, stop, first, limit, self.sink)
+            split, rest = _causal_rows(self.mask, start, stop, first, limit, self.sink)
         if (causal and fast) or split is not None:
             which = slice(None) if split is None else split
             out, found = _causal_split(
@@ -404,7 +404,6 @@ class _Layer:
                 if self.sink is not None:
                     self.sink.counts.fused(self.layer, stop - start)
                 return
-            rest = torch.nonzero(~_row_flags(split, self.query.shape[0])).flatten()
             self._masked(output, start, stop, first, limit, lse, blocked, rest)
             return
         self._masked(output, start, stop, first, limit, lse, blocked, None)
@@ -492,22 +491,15 @@ def _fused_with_lse(
     return out, lse.float()
 
 
-def _row_flags(split: torch.Tensor, batch: int) -> torch.Tensor:
-    """``[B]`` True at the batch rows ``split`` (their indices) names."""
-    flags = torch.zeros(batch, dtype=torch.bool, device=split.device)
-    flags[split] = True
-    return flags
-
-
 def _causal_rows(
     mask: torch.Tensor | None, start: int, stop: int, first: int, limit: int, sink: _LayerSink | None
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
     """The batch rows (indices) whose mask lets every query of start..stop-1 (every head) see
-    exactly the keys first..q, where some rows do and some do not (a padded window's rows past its
-    end); None where none does, or the mask has no row per batch row. Read from the mask, once per
-    mask and chunk."""
+    exactly the keys first..q, and the other rows, where some rows do and some do not (a padded
+    window's rows past its end); (None, None) where none does, or the mask has no row per batch
+    row. Read from the mask, once per mask and chunk."""
     if mask is None or mask.shape[2] == 1 or mask.shape[0] == 1 or limit != stop or first > start:
-        return None
+        return None, None
     memo = sink.plans if sink is not None else {}
     ident = ("causal-rows", mask.data_ptr(), tuple(mask.shape), mask.dtype, start, stop, first, limit)
     if ident not in memo:
@@ -517,8 +509,8 @@ def _causal_rows(
         tri = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril_()
         diag = (block[..., start - first :] == tri).flatten(1).all(1)
         flags = before & diag
-        found = torch.nonzero(flags).flatten()
-        memo[ident] = found if 0 < len(found) < len(flags) else None  # type: ignore[assignment]
+        found, rest = torch.nonzero(flags).flatten(), torch.nonzero(~flags).flatten()
+        memo[ident] = (found, rest) if len(found) and len(rest) else (None, None)  # type: ignore[assignment]
     return memo[ident]  # type: ignore[return-value]
 
 
