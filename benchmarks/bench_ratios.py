@@ -18,11 +18,19 @@ The analyses, at length L:
 - induction: ``hs.induction`` at seq_len (L-1)/2 (two copies and BOS), copy loss included.
 - retrieval: ``hs.retrieval`` at context L, depth 0.5, 2 needles.
 - kv-plan: ``hs.kv_plan`` at context L, method retrieval, sparsity 0.5, 2 needles, 1 text chunk;
-  only where L >= 1,280 (its default window, sink 64 + recent 256, needs a context of 4 x 320).
-- icl (loss curve): ``hs.icl`` at context L, no tasks (the ICL score over the shipped haystacks).
-- describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split, its default rows per
+  only where 1,280 <= L <= 2,048 (its default window, sink 64 + recent 256, needs a context of
+  4 x 320, and its shipped text is shorter than 8,192 tokens: it refuses there).
+- icl (loss curve): ``hs.icl`` at context L (L - 1 where L and BOS exceed the model's context:
+  8,191 on SmolLM2), no tasks (the ICL score over the shipped haystacks).
+- describe: ``hs.describe`` with windows of min(L, 1024) tokens, 4 per split (so not above 2,048:
+  the 2,048 row already reads 1,024-token windows), its default rows per
   window (a seeded sample of query rows in blocks of 16: exact weights for those, the rest fused),
   without the cards' reading of what each head writes (``writes=False``: weights only, no tokens).
+- qk: ``hs.qk`` on one head two thirds of the way up (SmolLM2: L20H0), 2 windows per split of
+  min(L, 2,048) tokens, the default 64 query rows a window: each query's scores split exactly into
+  the components below the head (every earlier head, MLP and the embedding, on both sides). Its
+  cost is the decomposition's, not capture's: ``benchmarks/bench_qk.py`` prices it by depth and for
+  every head. Not at 8,192 (one head's key-side parts at 2,048 tokens already lift the peak by 3.5 GB).
 - ioi (en), ioi (zh): ``hs.ioi`` with its S-inhibition path patching, on each shipped prompt set
   (their own length, once; the default resamples: the intervals pick the name movers it patches).
 
@@ -108,8 +116,16 @@ def bare_seconds(loaded, batches) -> float:
 KV_PLAN_MIN = 4 * (64 + 256)
 
 
-def analyses_at(length: int) -> dict:
+QK_MAX = 2048
+KV_PLAN_MAX = 2048
+DESCRIBE_MAX = 2048
+
+
+def analyses_at(length: int, loaded) -> dict:
     late = min(500, length - 8)
+    qk_head = f"L{(2 * loaded.layout.n_layers) // 3}H0"
+    # icl's windows start with BOS: at the model's whole context (8,192 on SmolLM2) one token less.
+    icl_context = min(length, (loaded.max_positions or length + 1) - 1)
     runs = {
         "induction": lambda m, t: hs.induction(
             m, t, seq_len=(length - 1) // 2, n_seqs=max(1, 4096 // length), resamples=0
@@ -134,10 +150,19 @@ def analyses_at(length: int) -> dict:
             m, t, context=min(length, 1024), windows=4, resamples=0, writes=False
         ),
         "icl (loss curve)": lambda m, t: hs.icl(
-            m, t, context=length, early=min(50, late - 1), late=late, tasks="none", fv=False, resamples=0
+            m, t, context=icl_context, early=min(50, late - 1), late=late, tasks="none", fv=False, resamples=0
+        ),
+        "qk (one head)": lambda m, t: hs.qk(
+            m, t, heads=qk_head, context=min(length, QK_MAX), windows=2, resamples=0
         ),
     }
-    if length < KV_PLAN_MIN:  # its default window (sink 64 + recent 256) needs 4 x 320 tokens
+    if length > QK_MAX:
+        del runs["qk (one head)"]
+    if length > DESCRIBE_MAX:  # its windows stop at 1,024 tokens: the 2,048 row already reads them
+        del runs["describe"]
+    # Its default window (sink 64 + recent 256) needs 4 x 320 tokens; its shipped haystack text is
+    # shorter than 8,192 (docs/analyses/kv-plan.md applies plans at 8,192 with --apply-context).
+    if not KV_PLAN_MIN <= length <= KV_PLAN_MAX:
         del runs["kv-plan"]
     return runs
 
@@ -177,7 +202,8 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
     # Warm-up: the conformance checks, and every analysis once at 512 tokens (first-call costs such
     # as imports and tokenizer caches would otherwise land on whichever path runs first).
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
-        warm = {**analyses_at(KV_PLAN_MIN), **analyses_at(512)}  # kv-plan needs KV_PLAN_MIN tokens
+        # kv-plan needs KV_PLAN_MIN tokens
+        warm = {**analyses_at(KV_PLAN_MIN, loaded), **analyses_at(512, loaded)}
         for name, fn in warm.items():
             if not only or name in only:
                 fn(m, t)
@@ -189,7 +215,7 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
             bare_forward = bare_seconds(loaded, repeated(loaded, length, tokens=length))
         entry = {"length": length, "bare_peak_mb": memory["mb"], "bare_forward_s": bare_forward}
         print(f"L={length}: bare forward {bare_forward:.2f} s, +{memory['mb']:.0f} MB", file=sys.stderr)
-        runs = {"scan (token-level)": None, **analyses_at(length)}
+        runs = {"scan (token-level)": None, **analyses_at(length, loaded)}
         for name, fn in runs.items():
             if only and name not in only:
                 continue
