@@ -75,14 +75,14 @@ browser:
 quick: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docs_outputs" -n $(QUICK_WORKERS) --dist loadgroup --durations=15
 
-# Everything: lint, the docs build, then every test (real models, browser, Ray, docs outputs): the
-# tests that load no real model on every core, as `make quick` runs them (docs-check has just built
-# the site, so its test is not run twice), then the slow ones in one process, where each bundled
-# model loads once and the shared SmolLM2 scan runs once (tests/conftest.py).
+# Everything: lint, the docs build, then every test (real models, browser, Ray) in one pytest-xdist
+# run on every core, one torch thread per worker (docs-check has just built the site, so its test
+# is not run twice). The slow tests of one module share a worker, and the modules that read the
+# shared SmolLM2 scan are one group, so each module fixture and the scan are built once
+# (tests/conftest.py); the bundled GGUFs are dequantized once, into a cache the workers share.
 test: lint docs-check browser
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not docs_outputs" -n $(QUICK_WORKERS) --dist loadgroup --durations=15 \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not docs_outputs" -n $(QUICK_WORKERS) --dist loadgroup --durations=20 \
 		--deselect tests/docs/test_docs_current.py::test_mkdocs_build_strict
-	$(BIN)/python -m pytest -q -m "slow and not docs_outputs" --durations=15
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache

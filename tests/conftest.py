@@ -201,3 +201,21 @@ def toy_texts() -> Path:
 @pytest.fixture(scope="session")
 def toy_dir() -> Path:
     return TOY_DIR
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group the slow tests for pytest-xdist's ``--dist loadgroup``: a module's slow tests run in
+    one worker, so a fixture it builds once (a trained toy, a loaded report) is built once, and the
+    modules that read the shared SmolLM2 scan are one group, so the scan runs once. A test that
+    names its own ``xdist_group`` (the conformance families) keeps it; without xdist the marker is
+    inert. ``tryfirst``: xdist's worker reads the markers in its own hook of this name, which would
+    otherwise run first (measured: every module fixture of the slow suite built in both workers)."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    scan_modules = {item.module.__name__ for item in slow if "smollm2_scan" in item.fixturenames}
+    for item in slow:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        module = item.module.__name__
+        group = "smollm2-scan" if module in scan_modules else f"slow:{module}"
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,68 @@ def test_the_session_never_uses_the_users_cache():
 
     assert cache_root() == TEST_CACHE
     assert cache_root() != Path.home() / ".cache" / "headscope"
+
+
+def _pytest(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_xdist_keeps_a_group_in_one_worker(tmp_path):
+    """make test relies on ``--dist loadgroup`` to build each module fixture and the shared scan
+    once. pytest 9.2 with pytest-xdist 3.8 ignored every group (xdist renames the node id through
+    an attribute pytest 9.2 no longer reads): six tests of one group went to both workers."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_group.py").write_text(
+        "import os\nfrom pathlib import Path\nimport pytest\n\n"
+        "pytestmark = pytest.mark.xdist_group('one')\n\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_worker(i):\n"
+        "    Path(os.environ['OUT'], str(i)).write_text(os.environ['PYTEST_XDIST_WORKER'])\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _pytest(["-n", "2", "--dist", "loadgroup", str(tmp_path)], tmp_path, OUT=str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    workers = {path.read_text() for path in out.iterdir()}
+    assert len(list(out.iterdir())) == 6 and len(workers) == 1, workers
+
+
+def test_slow_tests_are_grouped_by_module_and_the_scan_readers_together(tmp_path):
+    """conftest's hook: a slow module's tests share one group; the modules that read the shared
+    SmolLM2 scan share one; fast tests get none (they spread over the workers one by one)."""
+    (tmp_path / "groups_plugin.py").write_text(
+        "import pytest\n\n"
+        "@pytest.hookimpl(trylast=True)\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    for item in items:\n"
+        "        names = [m.args[0] for m in item.iter_markers('xdist_group')]\n"
+        "        print('GROUP', item.nodeid, names[0] if names else '-')\n"
+    )
+    modules = [
+        "tests/integration/test_gguf_cache.py",
+        "tests/integration/test_circuits_real.py",
+        "tests/integration/test_real_models.py",
+        "tests/unit/test_test_support.py",
+    ]
+    proc = _pytest(
+        ["--collect-only", "-s", "-p", "groups_plugin", *modules],
+        Path(__file__).resolve().parents[2],
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    groups: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("GROUP "):
+            _, nodeid, group = line.split(" ")
+            groups.setdefault(nodeid.split("::")[0], set()).add(group)
+    assert groups["tests/integration/test_gguf_cache.py"] == {"slow:test_gguf_cache"}
+    assert groups["tests/integration/test_circuits_real.py"] == {"smollm2-scan"}
+    assert groups["tests/integration/test_real_models.py"] == {"smollm2-scan"}
+    assert groups["tests/unit/test_test_support.py"] == {"-"}
