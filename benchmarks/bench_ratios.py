@@ -251,6 +251,12 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
     return {"model": model, "torch_threads": torch.get_num_threads(), "runs": out}
 
 
+def _mb(value: float) -> str:
+    """A peak's rise in MB; a rise that rounds to zero or below (the block freed more than it took)
+    shows as 0, not -0."""
+    return f"{max(0, round(value)):>8d}"
+
+
 def table(data: dict) -> str:
     lines = [
         f"{data['model']}, {data['torch_threads']} torch threads; × bare = wall time over a bare "
@@ -269,11 +275,11 @@ def table(data: dict) -> str:
         share = sel["exact_rows"] / max(1, sel["exact_rows"] + sel["fused_rows"])
         # A run cut short keeps what it measured: a missing full-map run shows as "—".
         full_ratio = f"{full['ratio']:>9.2f}×" if full else f"{'—':>10}"
-        full_mb = f"{full['peak_mb']:>8.0f}" if full else f"{'—':>8}"
+        full_mb = _mb(full["peak_mb"]) if full else f"{'—':>8}"
         lines.append(
             f"{name:<20} {length or '—':>6}  {sel['passes']:>6}  {sel['ratio']:>9.2f}×  {full_ratio}  "
-            f"{share:>9.1%}  {sel['peak_mb']:>8.0f}  {full_mb}  "
-            + (f"{sel['bare_peak_mb']:>8.0f}" if "bare_peak_mb" in sel else f"{'—':>8}")
+            f"{share:>9.1%}  {_mb(sel['peak_mb'])}  {full_mb}  "
+            + (_mb(sel["bare_peak_mb"]) if "bare_peak_mb" in sel else f"{'—':>8}")
         )
     return "\n".join(lines)
 
