@@ -30,7 +30,7 @@ The analyses, at length L:
   min(L, 2,048) tokens, the default 64 query rows a window: each query's scores split exactly into
   the components below the head (every earlier head, MLP and the embedding, on both sides). Its
   cost is the decomposition's, not capture's: ``benchmarks/bench_qk.py`` prices it by depth and for
-  every head. Not at 8,192 (one head's key-side parts at 2,048 tokens already lift the peak by 3.5 GB).
+  every head. Not at 8,192 (one head at 2,048 tokens already lifts the peak by about 4 GB).
 - ioi (en), ioi (zh): ``hs.ioi`` with its S-inhibition path patching, on each shipped prompt set
   (their own length, once; the default resamples: the intervals pick the name movers it patches).
 

@@ -210,7 +210,8 @@ def pytest_collection_modifyitems(config, items):
     modules that read the shared SmolLM2 scan are one group, so the scan runs once. A test that
     names its own ``xdist_group`` (the conformance families) keeps it; without xdist the marker is
     inert. ``tryfirst``: xdist's worker reads the markers in its own hook of this name, which would
-    otherwise run first (measured: every module fixture of the slow suite built in both workers)."""
+    otherwise run first (checked: without it, test_circuit_data.py's two slow tests ran in two
+    workers with no group in their node ids)."""
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     scan_modules = {item.module.__name__ for item in slow if "smollm2_scan" in item.fixturenames}
     for item in slow:

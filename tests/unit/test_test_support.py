@@ -73,11 +73,6 @@ def test_hypothesis_profiles():
 )
 def test_the_environment_chooses_the_profile(env, derandomized):
     """A fresh interpreter imports conftest.py as pytest does, with CI's environment or not."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     tests = Path(__file__).resolve().parents[1]
     code = "import conftest; from hypothesis import settings; print(settings.default.derandomize)"
     clean = {k: v for k, v in os.environ.items() if k not in {"CI", "HYPOTHESIS_PROFILE"}}
