@@ -7,8 +7,11 @@ with query-selective capture (the default: exact weights only for the rows its d
 the rest through the fused SDPA kernel) and with every row exact (``capture.rows.full_maps``). Its
 time is priced by the cost ledger (:mod:`headscope.capture.ledger`, what ``--profile`` prints): a
 bare forward (the base model with SDPA attention, no weights) is timed on one batch per length
-bucket in the same run, and scaled by the tokens the analysis' passes ran. "passes" counts its
-forward passes; "× bare" is its wall time over that estimate. Peak memory is how far the run lifts
+bucket in the same run, and scaled by the tokens the analysis' passes ran; where a pass read
+next-token losses, the bare forward is the whole ``model(...).logits``: the LM head at every
+position, timed in the same run, is added ("+ head"; "base only" is the ratio without it, which an
+analysis that needs the losses cannot reach). "passes" counts its forward passes; "× bare" is its
+wall time over that estimate. Peak memory is how far the run lifts
 the process's peak resident set (reset before each run, Linux ``clear_refs``) above where it
 started, next to the same for one bare forward of L tokens.
 
@@ -188,7 +191,9 @@ def priced(loaded, name: str, length: int, run, selective: bool) -> dict:
         "passes": cost.passes,
         "tokens": cost.tokens,
         "bare_seconds": cost.bare_seconds,
+        "head_seconds": cost.head_seconds,
         "ratio": cost.ratio,
+        "ratio_base": cost.ratio_base,
         "exact_rows": counts.total_exact,
         "fused_rows": counts.total_fused,
         "peak_mb": memory["mb"],
@@ -231,8 +236,9 @@ def measure(model: str, lengths: list[int], only: set[str] | None, save=None) ->
                 out.append(row)
                 if save is not None:  # after every run: a crash keeps what was measured
                     save({"model": model, "torch_threads": torch.get_num_threads(), "runs": out})
+                base = f", {row['ratio_base']:.2f}× base only" if row.get("head_seconds") else ""
                 print(
-                    f"  {name:20s} {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare "
+                    f"  {name:20s} {row['path']:9s} {row['seconds']:7.1f} s  {row['ratio']:.2f}× bare{base} "
                     f"({row['passes']} passes)  +{row['peak_mb']:.0f} MB",
                     file=sys.stderr,
                 )
@@ -260,10 +266,11 @@ def _mb(value: float) -> str:
 def table(data: dict) -> str:
     lines = [
         f"{data['model']}, {data['torch_threads']} torch threads; × bare = wall time over a bare "
-        "SDPA forward of the same tokens, both measured in this run",
+        "SDPA forward of the same tokens, both measured in this run; + head: the analysis reads "
+        "next-token losses, so its bare forward includes the LM head at every position (base only: without it)",
         "",
-        f"{'analysis':<20} {'tokens':>6}  {'passes':>6}  {'selective':>10}  {'full maps':>10}  "
-        f"{'exact rows':>10}  {'sel. MB':>8}  {'full MB':>8}  {'bare MB':>8}",
+        f"{'analysis':<26} {'tokens':>6}  {'passes':>6}  {'selective':>10}  {'full maps':>10}  "
+        f"{'base only':>10}  {'exact rows':>10}  {'sel. MB':>8}  {'full MB':>8}  {'bare MB':>8}",
     ]
     runs = data["runs"]
     keys = list(dict.fromkeys((r["analysis"], r["length"]) for r in runs))
@@ -276,9 +283,12 @@ def table(data: dict) -> str:
         # A run cut short keeps what it measured: a missing full-map run shows as "—".
         full_ratio = f"{full['ratio']:>9.2f}×" if full else f"{'—':>10}"
         full_mb = _mb(full["peak_mb"]) if full else f"{'—':>8}"
+        # The selective run's ratio without the LM head, where its passes ran one.
+        base = f"{sel['ratio_base']:>9.2f}×" if sel.get("head_seconds") else f"{'—':>10}"
+        head = " + head" if sel.get("head_seconds") else ""
         lines.append(
-            f"{name:<20} {length or '—':>6}  {sel['passes']:>6}  {sel['ratio']:>9.2f}×  {full_ratio}  "
-            f"{share:>9.1%}  {_mb(sel['peak_mb'])}  {full_mb}  "
+            f"{name + head:<26} {length or '—':>6}  {sel['passes']:>6}  {sel['ratio']:>9.2f}×  {full_ratio}  "
+            f"{base}  {share:>9.1%}  {_mb(sel['peak_mb'])}  {full_mb}  "
             + (_mb(sel["bare_peak_mb"]) if "bare_peak_mb" in sel else f"{'—':>8}")
         )
     return "\n".join(lines)

@@ -57,7 +57,9 @@ def test_chunked_lm_head_loss_equals_full_logits(gemma3, monkeypatch):
     encoded = [gemma3.tokenizer(t)["input_ids"] for t in texts]
     special = [[i == 0 for i in range(len(e))] for e in encoded]
     batches = analyses.model_batches(gemma3, encoded, special, 2)
-    monkeypatch.setattr(capture.stream, "_LOGIT_CHUNK_ELEMENTS", 2 * 262144 * 3)  # 3 positions per chunk
+    # Blocks of 5 positions, slices of 2^20 // 5 = 209,715 vocabulary rows: two, the second ragged.
+    monkeypatch.setattr(capture.logits, "_LOSS_BLOCK", 5)
+    monkeypatch.setattr(capture.logits, "_LOGIT_CHUNK_ELEMENTS", 1 << 20)
     chunked = []
     losses = capture.TokenLosses(lambda losses, b: chunked.append(losses))
     capture.run(gemma3, batches, capture.Pass(reads=[capture.Attention(lambda *_: None), losses]))

@@ -120,7 +120,7 @@ def test_a_replay_ends_after_the_attention_weights(patched):
 
 def test_logits_of_chosen_tokens_are_those_of_the_whole_vocabulary(patched):
     """IOI's logit difference reads two logits per row: the same numbers as the full LM head's."""
-    from headscope.capture.stream import output_logits, output_logits_of
+    from headscope.capture.logits import output_logits, output_logits_of
 
     loaded = patched[0]
     hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(1)) * 3.0

@@ -73,4 +73,27 @@ def test_run_profile_returns_the_cost_ledger(toy):
     assert run.seconds > 0 and run.passes > 0 and run.tokens > 0
     assert run.bare_seconds is not None and run.bare_seconds > 0 and run.ratio > 0
     assert profile.to_json()["parts"][-1]["passes"] == run.passes
+    # induction reads next-token losses: its bare forward includes the LM head at every position.
+    assert 0 < run.head_seconds < run.bare_seconds and run.ratio_base > run.ratio
     assert hs.run("induction", toy, seq_len=16, n_seqs=4, resamples=0).profile is None
+
+
+def test_the_lm_head_is_priced_only_for_passes_that_read_losses(toy):
+    from headscope import analyses, capture
+    from headscope.capture import ledger
+
+    sequences, specials, _ = analyses.repeated_tokens(toy, analyses.RepeatSpec(seq_len=20, n_seqs=4))
+    batches = analyses.model_batches(toy, sequences, specials, 2)
+    attention = capture.Attention(lambda *_: None)
+    with ledger.recording() as book:
+        with ledger.part("weights"):
+            capture.run(toy, batches, capture.Pass(reads=[attention]))
+        with ledger.part("losses"):
+            capture.run(toy, batches, capture.Pass(reads=[attention, capture.TokenLosses(lambda *_: None)]))
+    weights, losses = book.costs(toy, {"weights": 1.0, "losses": 1.0})
+    assert weights.head_seconds == 0 and weights.ratio == weights.ratio_base
+    assert losses.bare_seconds > weights.bare_seconds
+    # The head's share is its measured seconds per position times the passes' positions.
+    positions = sum(batch.input_ids.numel() for batch in batches)
+    assert losses.head_seconds == pytest.approx(book.head_rate * positions, rel=1e-9)
+    assert losses.bare_seconds - losses.head_seconds == pytest.approx(weights.bare_seconds, rel=1e-9)

@@ -34,7 +34,8 @@ import torch
 
 from headscope import capture
 from headscope.capture.dla import HeadWrites, attention_layers
-from headscope.capture.stream import output_logits, prepared
+from headscope.capture.logits import output_logits
+from headscope.capture.stream import prepared
 from headscope.data.icl import ICLPair, ICLTask, answer_ids, load_tasks
 from headscope.data.prompts import configs_dir, display_path, split_paragraphs
 from headscope.detectors.base import DetectorResult

@@ -32,8 +32,8 @@ import torch
 
 from headscope import capture
 from headscope.capture.dla import HeadWrites, attention_layers
+from headscope.capture.logits import output_logits_of
 from headscope.capture.patching import BlockInputs, BlockRecorder, record_block_inputs, rerun_block
-from headscope.capture.stream import output_logits_of
 from headscope.data.circuits import IOISet, load_ioi, occurrences
 from headscope.data.prompts import builtin, display_path
 from headscope.detectors.base import DetectorResult

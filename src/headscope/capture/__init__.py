@@ -6,13 +6,14 @@ A pass is declared as one object, what it reads and what it edits, and run by th
                                       edits=[AblateHeads.of(heads)]))
 """
 
-from headscope.capture import checks, edits, hooks, ledger, reads, rows
+from headscope.capture import checks, edits, hooks, ledger, logits, reads, rows
 from headscope.capture.ablation import Ablation, HeadOutputMeans
 from headscope.capture.batch import Batch, make_batches
 from headscope.capture.borrow import borrowed
 from headscope.capture.dla import HeadWrites
 from headscope.capture.edits import AblateHeads, AddVector, Edit, PatchHeads, StreamHeads, applied
 from headscope.capture.kvmask import StreamingHeads
+from headscope.capture.logits import next_token_losses, output_logits
 from headscope.capture.reads import (
     Attention,
     BlockRecorder,
@@ -27,8 +28,6 @@ from headscope.capture.stream import (
     STREAM_IMPLEMENTATION,
     block_outputs,
     head_output_means,
-    next_token_losses,
-    output_logits,
     prepared,
     register_streaming_attention,
     run,
@@ -70,6 +69,7 @@ __all__ = [
     "edits",
     "hooks",
     "ledger",
+    "logits",
     "reads",
     "rows",
 ]

@@ -5,10 +5,14 @@ under the current part (:func:`part`; "run" outside any): its batch shape, and t
 layers it ran (a pass that stops early counts for less). :meth:`Ledger.costs` then measures a bare
 forward, the base model with the fused SDPA attention and no weights, on a *sample*: one batch of
 random tokens per length bucket (powers of two), at the largest shape recorded in that bucket. Its
-seconds per token are scaled by each part's token count in that bucket. A part's ratio is its wall
-time over that estimate: 1.0 means the part cost what its forward passes would cost with nothing
-measured. Work that is not a full forward (path patching's single-block reruns, the LM head, the
-statistics) is in the part's time and not in the estimate, so it shows up in the ratio.
+seconds per token are scaled by each part's token count in that bucket. A pass that read next-token
+losses (:class:`~headscope.capture.reads.TokenLosses`) needed the LM head at every position, so its
+bare forward is the model's whole forward, ``model(...).logits``: the LM head as that runs it (and
+Gemma's soft-capping), timed on :data:`HEAD_SAMPLE` positions, is added per position. A part's
+ratio is its wall time over that estimate: 1.0 means the part cost what its forward passes would
+cost with nothing measured. Work that is not a full forward (path patching's single-block reruns,
+the statistics) is in the part's time and not in the estimate, so it shows up in the ratio.
+:attr:`PartCost.ratio_base` leaves the LM head out of the estimate.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 
 from .borrow import borrowed
+from .logits import output_logits
 
 _LEDGER: ContextVar[Ledger | None] = ContextVar("headscope_ledger", default=None)
 _PART: ContextVar[str] = ContextVar("headscope_ledger_part", default="run")
@@ -41,13 +46,21 @@ class PartCost:
     seconds: float
     tokens: float  # layer-weighted: a pass that stops at half the layers counts half its tokens
     passes: int
-    bare_seconds: float | None
+    bare_seconds: float | None  # the base model's passes, plus the LM head where a pass read losses
+    head_seconds: float = 0.0  # the LM head's share of bare_seconds
 
     @property
     def ratio(self) -> float | None:
         if not self.bare_seconds:
             return None
         return self.seconds / self.bare_seconds
+
+    @property
+    def ratio_base(self) -> float | None:
+        """The wall time over the base model's passes alone (no LM head in the estimate)."""
+        if not self.bare_seconds or not self.bare_seconds - self.head_seconds:
+            return None
+        return self.seconds / (self.bare_seconds - self.head_seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,25 +69,31 @@ class PartCost:
             "tokens": self.tokens,
             "passes": self.passes,
             "bare_seconds": self.bare_seconds,
+            "head_seconds": self.head_seconds,
             "ratio": self.ratio,
+            "ratio_base": self.ratio_base,
         }
 
 
 @dataclass
 class Ledger:
-    """Forward passes per part: (batch, length, share of layers run)."""
+    """Forward passes per part: (batch, length, share of layers run, whether the LM head ran)."""
 
-    passes: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+    passes: dict[str, list[tuple[int, int, float, bool]]] = field(default_factory=dict)
     sample: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # bucket -> (B, T, s)
+    head_rate: float | None = None  # seconds per position of the LM head, once measured
 
-    def note(self, batch: int, length: int, share: float = 1.0) -> None:
-        self.passes.setdefault(_PART.get(), []).append((batch, length, share))
+    def note(self, batch: int, length: int, share: float = 1.0, head: bool = False) -> None:
+        """One forward pass under the current part; ``head``: it ran the LM head at every position."""
+        self.passes.setdefault(_PART.get(), []).append((batch, length, share, head))
 
     def measure(self, loaded: Any) -> dict[int, float]:
-        """Seconds per token of a bare forward, per length bucket, from one timed batch each."""
+        """Seconds per token of a bare forward, per length bucket, from one timed batch each; and,
+        when some pass ran the LM head, its seconds per position (:attr:`head_rate`)."""
         wanted: dict[int, tuple[int, int]] = {}
+        heads = any(head for shapes in self.passes.values() for *_, head in shapes)
         for shapes in self.passes.values():
-            for batch, length, _ in shapes:
+            for batch, length, _, _ in shapes:
                 bucket = _bucket(length)
                 if bucket not in wanted or batch * length > wanted[bucket][0] * wanted[bucket][1]:
                     wanted[bucket] = (batch, length)
@@ -95,11 +114,13 @@ class Ledger:
                         loaded.base(**inputs)  # warm-up, once
                     _sync(loaded.device)
                     started = time.perf_counter()
-                    loaded.base(**inputs)
+                    out = loaded.base(**inputs)
                     _sync(loaded.device)
                     seconds = time.perf_counter() - started
                     self.sample[bucket] = (batch, length, seconds)
                     rates[bucket] = seconds / (batch * length)
+                    if heads and self.head_rate is None:
+                        self.head_rate = _head_rate(loaded, out.last_hidden_state)
             finally:
                 model.set_attn_implementation(before if before is not None else "eager")
         return rates
@@ -110,9 +131,10 @@ class Ledger:
         out = []
         for name, wall in seconds.items():
             shapes = self.passes.get(name, [])
-            tokens = sum(b * t * share for b, t, share in shapes)
-            bare = sum(rates[_bucket(t)] * b * t * share for b, t, share in shapes) if shapes else None
-            out.append(PartCost(name, wall, tokens, len(shapes), bare))
+            tokens = sum(b * t * share for b, t, share, _ in shapes)
+            base = sum(rates[_bucket(t)] * b * t * share for b, t, share, _ in shapes)
+            head = sum((self.head_rate or 0.0) * b * t for b, t, _, ran in shapes if ran)
+            out.append(PartCost(name, wall, tokens, len(shapes), base + head if shapes else None, head))
         return out
 
     def profile(self, loaded: Any, load_seconds: float, timings: dict[str, float], run: float) -> Profile:
@@ -135,6 +157,22 @@ class Profile:
 
     def to_json(self) -> dict[str, Any]:
         return {"load_seconds": self.load_seconds, "parts": [cost.to_json() for cost in self.costs]}
+
+
+HEAD_SAMPLE = 256  # positions the LM head is timed on (its cost per position does not depend on T)
+
+
+def _head_rate(loaded: Any, hidden: torch.Tensor) -> float:
+    """Seconds per position of the LM head as ``model(...).logits`` runs it (every logit of the
+    vocabulary, then soft-capping where the config sets it), on up to :data:`HEAD_SAMPLE` positions
+    of ``hidden``, after one warm-up."""
+    states = hidden.reshape(-1, hidden.shape[-1])[:HEAD_SAMPLE]
+    output_logits(loaded, states)
+    _sync(loaded.device)
+    started = time.perf_counter()
+    output_logits(loaded, states)
+    _sync(loaded.device)
+    return (time.perf_counter() - started) / states.shape[0]
 
 
 def _sync(device: Any) -> None:

@@ -5,7 +5,7 @@ the reads, at most one of each kind per pass:
 
 * :class:`Attention`: each layer's attention weights, chunk by chunk, for the query rows ``rows``
   selects (:mod:`headscope.capture.rows`), or the weights at declared pairs;
-* :class:`TokenLosses`: each position's next-token loss (the LM head runs in position chunks);
+* :class:`TokenLosses`: each position's next-token loss (the LM head runs a slice of the vocabulary at a time);
 * :class:`FinalHidden`: the final hidden states (after the final norm);
 * :class:`~headscope.capture.dla.HeadWrites`: each head's write at one position per row, and its
   direct logit attribution;
@@ -87,8 +87,8 @@ class Attention:
 @dataclass(frozen=True)
 class TokenLosses:
     """Next-token losses: ``on_losses(losses, batch)`` receives ``[B, T-1]`` float32 losses of
-    predicting token t+1 at position t, computed from the final hidden states in position chunks
-    (:func:`headscope.capture.next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. The
+    predicting token t+1 at position t, computed from the final hidden states a vocabulary slice at
+    a time (:func:`headscope.capture.next_token_losses`), so no ``[B, T, vocab]`` logits ever exist. The
     LM head runs only for a pass with this read; the model must have one."""
 
     on_losses: BatchCallback

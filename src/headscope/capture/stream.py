@@ -29,6 +29,7 @@ from .dla import HeadWrites, attention_layers
 from .edits import applied
 from .hooks import hooked
 from .kvmask import StreamHeads
+from .logits import next_token_losses
 from .reads import (
     Attention,
     BlockRecorder,
@@ -758,7 +759,7 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
 
     The reads (:mod:`headscope.capture.reads`) get what they declare, batch by batch: each layer's
     attention weights (:class:`Attention`, for the rows it selects), next-token losses
-    (:class:`TokenLosses`: only then does the LM head run, in position chunks), the final hidden
+    (:class:`TokenLosses`: only then does the LM head run, in vocabulary slices), the final hidden
     states (:class:`FinalHidden`), heads' writes (:class:`HeadWrites`; its ``begin`` and ``finish``
     run around each batch), heads' mean outputs (:class:`HeadOutputMeans`) and blocks' inputs
     (:class:`BlockRecorder`). The edits (:mod:`headscope.capture.edits`) change the model for the
@@ -800,7 +801,7 @@ def run(loaded: Any, batches: Iterable[Batch], spec: Pass) -> None:
             live.batch = on_device
             inputs = model_inputs(loaded, on_device)
             if book is not None:
-                book.note(*on_device.input_ids.shape, share)
+                book.note(*on_device.input_ids.shape, share, head=losses is not None)
             if writes is not None:
                 writes.begin(on_device)
             if blocks is not None:
@@ -868,60 +869,6 @@ def head_output_means(
     recorder = HeadOutputMeans(heads)
     run(loaded, batches, Pass(reads=[recorder]))
     return recorder.result()
-
-
-_LOGIT_CHUNK_ELEMENTS = 1 << 24  # logits per position chunk (64 MB in float32)
-
-
-def output_logits(loaded: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """float32 logits of final hidden states ``[..., D]``: the model's LM head, then Gemma's final
-    logit soft-capping where the config sets it (as ``model(...).logits`` computes them)."""
-    logits = loaded.model.get_output_embeddings()(hidden).float()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
-    if softcap is not None:
-        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
-    return logits
-
-
-def output_logits_of(loaded: Any, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """float32 logits ``[B, K]`` of ``tokens`` ``[B, K]`` only, from final hidden states ``[B, D]``:
-    :func:`output_logits` at those tokens (to float noise), without the whole vocabulary's. An LM head
-    that is not a plain ``Linear`` runs whole."""
-    head = loaded.model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        logits = output_logits(loaded, hidden)
-        return logits.gather(-1, tokens.to(logits.device))
-    ids = tokens.to(head.weight.device)
-    weight = head.weight[ids]  # [B, K, D]
-    logits = torch.einsum("bd,bkd->bk", hidden.to(weight.dtype), weight)
-    if head.bias is not None:
-        logits = logits + head.bias[ids]
-    logits = logits.float()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
-    if softcap is not None:
-        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
-    return logits
-
-
-def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T-1] cross-entropy of token t+1 given positions <= t, from final hidden states [B, T, D].
-
-    The LM head (and Gemma's final logit soft-capping, where the config sets it) runs over a few
-    positions at a time, and only each target's log-probability is kept. This is the model's own
-    head applied to the base model's output, the same computation as ``model(...).logits``.
-    """
-    batch, length, _ = hidden.shape
-    vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    chunk = max(1, _LOGIT_CHUNK_ELEMENTS // max(1, batch * vocab))
-    out = torch.empty(batch, max(length - 1, 0), dtype=torch.float32, device=hidden.device)
-    for start in range(0, length - 1, chunk):
-        stop = min(length - 1, start + chunk)
-        logits = output_logits(loaded, hidden[:, start:stop])
-        targets = input_ids[:, start + 1 : stop + 1]
-        picked = logits.gather(-1, targets[..., None])[..., 0]
-        out[:, start:stop] = torch.logsumexp(logits, dim=-1) - picked
-        del logits
-    return out
 
 
 # The borrow lives in headscope.capture.borrow; this name stays for the modules that import it from here.

@@ -152,6 +152,7 @@ def profile_line(loaded: float, costs: Sequence[Any], output: float) -> str:
 
 PROFILE_NOTE = (
     "profile note: × bare = the step's time over a bare forward (the base model with fused SDPA "
-    "attention) of the tokens its passes ran, timed on one batch per length bucket and scaled by "
-    "the token count; work besides those passes (patching, the LM head, statistics) is in the step's time"
+    "attention; with the LM head at every position where the step reads next-token losses, as "
+    "model(...).logits runs it) of the tokens its passes ran, timed on one batch per length bucket and "
+    "scaled by the token count; work besides those passes (patching, statistics) is in the step's time"
 )
