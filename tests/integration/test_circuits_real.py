@@ -2,7 +2,8 @@
 
 Reference, measured outside headscope: SmolLM2 gets 120 of 120 prompts of a four-template IOI
 set right (mean logit difference about 5.2 nats) and finds 12 of 12 six-digit needles at about
-800 tokens.
+800 tokens. Both parts are read from the shared SmolLM2 scan (its needles are at 1,000 tokens),
+not run again here.
 """
 
 from __future__ import annotations
@@ -11,27 +12,26 @@ import pytest
 
 from headscope.analyses import top_heads
 from headscope.analyses.ioi import verify_ioi
-from headscope.analyses.retrieval import ablate_retrieval, retrieval
-from headscope.data.circuits import load_haystack, load_retrieval
-from headscope.data.prompts import builtin
+from headscope.analyses.retrieval import ablate_retrieval
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def needles_800(smollm2):
-    needles = load_retrieval(builtin("retrieval/en.yaml"))
-    needles.items = needles.items[:8]
-    haystack = load_haystack(builtin("retrieval/haystack-en.txt"))
-    return retrieval(smollm2, needles, haystack, contexts=(800,), depths=(0.5,), n_resamples=500)
+def needles_en(smollm2_scan):
+    """The English needle part of the shared SmolLM2 scan: 6 six-digit needles at depths 0.25 and
+    0.75 of a 1,000-token haystack (12 prompts, 200 resamples), as the scan runs it. Its rows, the
+    outcome, and the batches it ran."""
+    table = smollm2_scan.table
+    data = "retrieval-en"
+    return table[table.data == data], smollm2_scan.outcomes[data], smollm2_scan.inputs[data]
 
 
-def test_smollm2_finds_needles_at_800_tokens_and_its_retrieval_heads_carry_them(smollm2, needles_800):
-    report, outcome, prompts, batches = needles_800
-    lengths = [len(p.ids) for p in prompts]
-    assert min(lengths) >= 700 and max(lengths) <= 800
+def test_smollm2_finds_needles_at_1000_tokens_and_its_retrieval_heads_carry_them(smollm2, needles_en):
+    table, outcome, batches = needles_en
+    lengths = [len(p.ids) for p in outcome.prompts]
+    assert len(lengths) == 12 and min(lengths) >= 900 and max(lengths) <= 1000
     assert outcome.accuracy >= 0.9, outcome.cells
-    table = report.table
     retr = table[table.role == "retr"]
     assert len(retr) >= 2, table.sort_values("score").tail(5)
     # Fewer than 5% of heads, as Wu et al. report, and with real intervals.
@@ -39,7 +39,7 @@ def test_smollm2_finds_needles_at_800_tokens_and_its_retrieval_heads_carry_them(
     assert (retr.ci_low > retr.baseline).all()
 
     heads = top_heads(table, "retrieval", 5)
-    effect = ablate_retrieval(smollm2, prompts, batches, heads, outcome, draws=2)
+    effect = ablate_retrieval(smollm2, outcome.prompts, batches, heads, outcome, draws=1)
     random_accuracy = min(r.accuracy for r in effect.random)
     assert effect.ablated.accuracy <= outcome.accuracy - 0.5
     assert random_accuracy >= outcome.accuracy - 0.25
