@@ -207,16 +207,17 @@ def toy_dir() -> Path:
 def pytest_collection_modifyitems(config, items):
     """Group the slow tests for pytest-xdist's ``--dist loadgroup``: a module's slow tests run in
     one worker, so a fixture it builds once (a trained toy, a loaded report) is built once, and the
-    modules that read the shared SmolLM2 scan are one group, so the scan runs once. A test that
+    tests that read the shared SmolLM2 scan (directly or through a fixture) are one group, so the
+    scan runs once. Only those tests: the rest of their modules (Gemma 3's weights, MiniLM's scan)
+    is free to run beside the scan, which is the suite's longest group. A test that
     names its own ``xdist_group`` (the conformance families) keeps it; without xdist the marker is
     inert. ``tryfirst``: xdist's worker reads the markers in its own hook of this name, which would
     otherwise run first (checked: without it, test_circuit_data.py's two slow tests ran in two
     workers with no group in their node ids)."""
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    scan_modules = {item.module.__name__ for item in slow if "smollm2_scan" in item.fixturenames}
     for item in slow:
         if item.get_closest_marker("xdist_group") is not None:
             continue
         module = item.module.__name__
-        group = "smollm2-scan" if module in scan_modules else f"slow:{module}"
+        group = "smollm2-scan" if "smollm2_scan" in item.fixturenames else f"slow:{module}"
         item.add_marker(pytest.mark.xdist_group(group))

@@ -128,8 +128,9 @@ def test_xdist_keeps_a_group_in_one_worker(tmp_path):
 
 
 def test_slow_tests_are_grouped_by_module_and_the_scan_readers_together(tmp_path):
-    """conftest's hook: a slow module's tests share one group; the modules that read the shared
-    SmolLM2 scan share one; fast tests get none (they spread over the workers one by one)."""
+    """conftest's hook: a slow module's tests share one group; the tests that read the shared
+    SmolLM2 scan share one (the rest of their module keeps its own); fast tests get none (they
+    spread over the workers one by one)."""
     (tmp_path / "groups_plugin.py").write_text(
         "import pytest\n\n"
         "@pytest.hookimpl(trylast=True)\n"
@@ -157,5 +158,6 @@ def test_slow_tests_are_grouped_by_module_and_the_scan_readers_together(tmp_path
             groups.setdefault(nodeid.split("::")[0], set()).add(group)
     assert groups["tests/integration/test_gguf_cache.py"] == {"slow:test_gguf_cache"}
     assert groups["tests/integration/test_circuits_real.py"] == {"smollm2-scan"}
-    assert groups["tests/integration/test_real_models.py"] == {"smollm2-scan"}
+    # Its scan test reads the scan; its MiniLM and induction tests do not.
+    assert groups["tests/integration/test_real_models.py"] == {"smollm2-scan", "slow:test_real_models"}
     assert groups["tests/unit/test_test_support.py"] == {"-"}
