@@ -15,7 +15,11 @@ _LOGIT_CHUNK_ELEMENTS = 1 << 21  # logits held at once by next_token_losses (8 M
 def output_logits(loaded: Any, hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits of final hidden states ``[..., D]``: the model's LM head, then Gemma's final
     logit soft-capping where the config sets it (as ``model(...).logits`` computes them)."""
-    logits = loaded.model.get_output_embeddings()(hidden).float()
+    return _soft_capped(loaded, loaded.model.get_output_embeddings()(hidden).float())
+
+
+def _soft_capped(loaded: Any, logits: torch.Tensor) -> torch.Tensor:
+    """float32 ``logits`` after Gemma's final logit soft-capping, in place, where the config sets it."""
     softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
     if softcap is not None:
         logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
@@ -35,11 +39,7 @@ def output_logits_of(loaded: Any, hidden: torch.Tensor, tokens: torch.Tensor) ->
     logits = torch.einsum("bd,bkd->bk", hidden.to(weight.dtype), weight)
     if head.bias is not None:
         logits = logits + head.bias[ids]
-    logits = logits.float()
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
-    if softcap is not None:
-        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
-    return logits
+    return _soft_capped(loaded, logits.float())
 
 
 def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,6 @@ def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor
         return _losses_by_positions(loaded, hidden, input_ids)
     states = hidden[:, :-1].reshape(-1, width).to(head.weight.dtype)
     targets = input_ids[:, 1:].reshape(-1).to(head.weight.device)
-    softcap = getattr(loaded.model.config, "final_logit_softcapping", None)
     vocab = head.weight.shape[0]
     out = torch.empty(states.shape[0], dtype=torch.float32, device=hidden.device)
     for start in range(0, states.shape[0], _LOSS_BLOCK):
@@ -70,9 +69,8 @@ def next_token_losses(loaded: Any, hidden: torch.Tensor, input_ids: torch.Tensor
         total = None
         for v0 in range(0, vocab, step):
             bias = None if head.bias is None else head.bias[v0 : v0 + step]
-            logits = torch.nn.functional.linear(block, head.weight[v0 : v0 + step], bias).float()
-            if softcap is not None:
-                logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
+            logits = torch.nn.functional.linear(block, head.weight[v0 : v0 + step], bias)
+            logits = _soft_capped(loaded, logits.float())
             part = torch.logsumexp(logits, dim=-1)
             total = part if total is None else torch.logaddexp(total, part)
             del logits
