@@ -24,9 +24,9 @@ from headscope.cli import app
 runner = CliRunner()
 TOY = Path(__file__).resolve().parents[1] / "toy" / "model"
 FAST = ["--seq-len", "20", "--batch", "8", "--resamples", "200"]
-# Runs long enough (about 2 s each on the toy) that the SIGKILL lands between the first result and
+# Runs long enough (about 1.5 s each on the toy) that the SIGKILL lands between the first result and
 # the last; with FAST all three could finish inside one polling interval.
-KILLABLE = ["--seq-len", "20", "--batch", "3000", "--resamples", "200"]
+KILLABLE = ["--seq-len", "20", "--batch", "1000", "--resamples", "200"]
 
 
 @pytest.fixture

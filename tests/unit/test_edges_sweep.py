@@ -345,3 +345,20 @@ def test_a_cached_hub_model_is_fingerprinted_by_its_commit(monkeypatch):
     commit["value"] = "b" * 40
     assert fingerprint(target) == f"hub:org/model@{'b' * 40}"
     assert fingerprint(Target("org/model", "org/model@main", "org/model", 0, "main")).endswith("b" * 40)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "budget", "threads"),
+    [(8, 2, None, 4), (8, 3, None, 2), (2, 4, None, 1), (8, 2, "1", 1), (8, 2, "16", 4), (8, 1, "junk", 8)],
+)
+def test_local_workers_split_the_cpus_within_an_explicit_thread_budget(
+    monkeypatch, cpus, workers, budget, threads
+):
+    from headscope.sweeps import executors
+
+    monkeypatch.setattr(executors.os, "cpu_count", lambda: cpus)
+    if budget is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", budget)
+    assert executors.worker_threads(workers) == threads
