@@ -526,20 +526,17 @@ def _table_gap(a: Any, b: Any) -> float:
     return float(gap.max()) if gap.size else 0.0
 
 
-def selective_vs_full(model: Any, tok: Any, analyses: dict[str, Outcome]) -> dict[str, float]:
+def selective_vs_full(model: Any, tok: Any, runs: dict[str, tuple[Any, int]]) -> dict[str, float]:
     """Each analysis that ran and sent some rows through the fused kernel, again with every query
     row exact (``capture.rows.full_maps``): the largest difference of its table's numbers from the
-    query-selective run (the default)."""
+    query-selective run (the default: ``runs`` holds it and its fused-row count, from
+    :func:`run_analysis`, so it is not run twice)."""
     import headscope as hs
     from headscope.capture import rows
 
     gaps = {}
-    for name, outcome in analyses.items():
-        if outcome.outcome != "ran":
-            continue
-        with rows.counting() as counts:
-            selective = getattr(hs, name)(model, tok, **_options()[name])
-        if counts.total_fused == 0:
+    for name, (selective, fused) in runs.items():
+        if fused == 0:
             continue  # every row was exact: the same computation as the full-map path
         with rows.full_maps():
             full = getattr(hs, name)(model, tok, **_options()[name])
@@ -550,24 +547,29 @@ def selective_vs_full(model: Any, tok: Any, analyses: dict[str, Outcome]) -> dic
     return gaps
 
 
-def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> Outcome:
+def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> tuple[Outcome, tuple[Any, int] | None]:
+    """The analysis with its conformance options: what came of it, and where it ran, its result
+    and how many query rows went through the fused kernel (for :func:`selective_vs_full`)."""
     import headscope as hs
     from headscope import HeadscopeError
+    from headscope.capture import rows
 
     try:
-        result = getattr(hs, analysis)(model, tok, **_options()[analysis])
+        with rows.counting() as counts:
+            result = getattr(hs, analysis)(model, tok, **_options()[analysis])
     except HeadscopeError as exc:
-        return Outcome("refused", _first_line(exc))
+        return Outcome("refused", _first_line(exc)), None
     except Exception as exc:  # noqa: BLE001 - a crash is what we record
         if os.environ.get("HEADSCOPE_CONFORMANCE_TRACEBACK"):
             traceback.print_exc()
-        return Outcome("crashed", _crash(exc))
+        return Outcome("crashed", _crash(exc)), None
+    ran = (result, counts.total_fused)
     if result.table is None or not len(result.table):
         # Nothing to score (a random model never predicts a needle): said in a note, not a crash.
         if any("nothing in the data to score" in note for note in result.notes):
-            return Outcome("ran")
-        return Outcome("crashed", "empty table")
-    return Outcome("ran")
+            return Outcome("ran"), ran
+        return Outcome("crashed", "empty table"), None
+    return Outcome("ran"), ran
 
 
 _CRASH_REASON = re.compile(r"^\w+(Error|Exception): ")
@@ -619,8 +621,11 @@ def report(family: str) -> Report:
         except Exception as exc:  # noqa: BLE001
             diff_error = Outcome("crashed", _crash(exc))
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
-        analyses = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
-        selective_full = selective_vs_full(model, tok, analyses)
+        outcomes = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
+        analyses = {name: outcome for name, (outcome, _) in outcomes.items()}
+        selective_full = selective_vs_full(
+            model, tok, {name: ran for name, (_, ran) in outcomes.items() if ran}
+        )
     return Report(
         family=family,
         attention=attention_kind(family, model),
