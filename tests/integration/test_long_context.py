@@ -4,6 +4,10 @@ Retrieval reads only the answer positions: with selective capture (the default) 
 get exact weights and the other ~4,000 rows of every layer run through the fused SDPA kernel. Its
 table (scores, intervals, roles) and needle accuracy must equal the path that computes every
 row's weights, to 1e-6; the rows computed each way are counted.
+
+One prompt: a second doubles the test's time (58.6 s selective + 66.5 s full against 28.7 + 32.8 s
+on 2026-12-05, one thread) and adds only a two-row batch, whose padding the toys' retrieval test
+(tests/unit/test_rows.py) and every family's conformance check already hold to the full maps.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_retrieval_at_4k_tokens_equals_the_full_map_path(smollm2):
-    options = {"context": "4096", "depths": "0.5", "needles": 2, "resamples": 0}
+    options = {"context": "4096", "depths": "0.5", "needles": 1, "resamples": 0}
     hs.retrieval(smollm2, context="256", depths="0.5", needles=1, resamples=0)  # warm-up, outside the counts
     with rows.counting() as counts:
         selective = hs.retrieval(smollm2, **options)
@@ -27,8 +31,8 @@ def test_smollm2_retrieval_at_4k_tokens_equals_the_full_map_path(smollm2):
     layers = smollm2.layout.n_layers
     assert full_counts.total_fused == 0
     assert counts.total_exact + counts.total_fused == full_counts.total_exact
-    # Two prompts in one batch: their answer rows only, in each layer.
-    assert 0 < counts.total_exact / layers <= 40
+    # The prompt's answer rows only, in each layer.
+    assert 0 < counts.total_exact / layers <= 20
     assert counts.total_fused / layers >= 4000
     pd.testing.assert_frame_equal(selective.table, full.table, check_exact=False, atol=1e-6, rtol=0)
     pd.testing.assert_frame_equal(selective.roles, full.roles)
