@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import gguf as gguf_library
 import pytest
 import torch
 
@@ -26,7 +27,17 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
     file gives it a new cache key. (Each cold run dequantizes 135M weights: one test pays for two.)
     """
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "first"))
+    parses = []
+
+    class Counted(gguf_library.GGUFReader):
+        def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_library, "GGUFReader", Counted)
     cold_bf16 = load("smollm2-135m", dtype="bfloat16")
+    assert len(parses) == 1  # tokenizer, config and weights read one parse (models.gguf._one_parse)
+    assert gguf_library.GGUFReader is Counted
     assert "dequantized cache" not in cold_bf16.source
     assert {p.dtype for p in cold_bf16.model.parameters()} == {torch.bfloat16}
     bf16 = weights(cold_bf16)
