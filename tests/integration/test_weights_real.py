@@ -50,7 +50,7 @@ def test_smollm2_copying_and_suppression_heads(smollm2_scan):
 
 
 def test_gemma3_weights_and_successor_verify(gemma3):
-    report = weights(gemma3, tokens=600, n_resamples=1000)
+    report = weights(gemma3, tokens=300, n_resamples=1000)
     _check_shares(report)
     copying = _top(report, "copying")
     assert copying.iloc[0]["ci_low"] > 100 * copying.iloc[0]["baseline"]
