@@ -292,6 +292,9 @@ def build(family: str) -> tuple[Any, Any]:
 class Outcome:
     outcome: str  # ran | refused | crashed
     detail: str = ""  # first line of the reason, or "ExceptionType: message" for a crash
+    # Where an analysis ran: its result and how many query rows went through the fused kernel
+    # (kept for :func:`selective_vs_full`, so the analysis is not run twice); not part of the verdict.
+    kept: tuple[Any, int] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -526,16 +529,18 @@ def _table_gap(a: Any, b: Any) -> float:
     return float(gap.max()) if gap.size else 0.0
 
 
-def selective_vs_full(model: Any, tok: Any, runs: dict[str, tuple[Any, int]]) -> dict[str, float]:
+def selective_vs_full(model: Any, tok: Any, analyses: dict[str, Outcome]) -> dict[str, float]:
     """Each analysis that ran and sent some rows through the fused kernel, again with every query
     row exact (``capture.rows.full_maps``): the largest difference of its table's numbers from the
-    query-selective run (the default: ``runs`` holds it and its fused-row count, from
-    :func:`run_analysis`, so it is not run twice)."""
+    query-selective run (the default, kept by :func:`run_analysis`, so it is not run twice)."""
     import headscope as hs
     from headscope.capture import rows
 
     gaps = {}
-    for name, (selective, fused) in runs.items():
+    for name, outcome in analyses.items():
+        if outcome.kept is None:
+            continue
+        selective, fused = outcome.kept
         if fused == 0:
             continue  # every row was exact: the same computation as the full-map path
         with rows.full_maps():
@@ -547,9 +552,8 @@ def selective_vs_full(model: Any, tok: Any, runs: dict[str, tuple[Any, int]]) ->
     return gaps
 
 
-def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> tuple[Outcome, tuple[Any, int] | None]:
-    """The analysis with its conformance options: what came of it, and where it ran, its result
-    and how many query rows went through the fused kernel (for :func:`selective_vs_full`)."""
+def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> Outcome:
+    """The analysis with its conformance options: what came of it (where it ran, with the run kept)."""
     import headscope as hs
     from headscope import HeadscopeError
     from headscope.capture import rows
@@ -558,18 +562,16 @@ def run_analysis(model: Any, tok: Any, family: str, analysis: str) -> tuple[Outc
         with rows.counting() as counts:
             result = getattr(hs, analysis)(model, tok, **_options()[analysis])
     except HeadscopeError as exc:
-        return Outcome("refused", _first_line(exc)), None
+        return Outcome("refused", _first_line(exc))
     except Exception as exc:  # noqa: BLE001 - a crash is what we record
         if os.environ.get("HEADSCOPE_CONFORMANCE_TRACEBACK"):
             traceback.print_exc()
-        return Outcome("crashed", _crash(exc)), None
-    ran = (result, counts.total_fused)
-    if result.table is None or not len(result.table):
-        # Nothing to score (a random model never predicts a needle): said in a note, not a crash.
-        if any("nothing in the data to score" in note for note in result.notes):
-            return Outcome("ran"), ran
-        return Outcome("crashed", "empty table"), None
-    return Outcome("ran"), ran
+        return Outcome("crashed", _crash(exc))
+    empty = result.table is None or not len(result.table)
+    # Nothing to score (a random model never predicts a needle) is said in a note, not a crash.
+    if empty and not any("nothing in the data to score" in note for note in result.notes):
+        return Outcome("crashed", "empty table")
+    return Outcome("ran", kept=(result, counts.total_fused))
 
 
 _CRASH_REASON = re.compile(r"^\w+(Error|Exception): ")
@@ -621,11 +623,10 @@ def report(family: str) -> Report:
         except Exception as exc:  # noqa: BLE001
             diff_error = Outcome("crashed", _crash(exc))
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
-        outcomes = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
-        analyses = {name: outcome for name, (outcome, _) in outcomes.items()}
-        selective_full = selective_vs_full(
-            model, tok, {name: ran for name, (_, ran) in outcomes.items() if ran}
-        )
+        analyses = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
+        selective_full = selective_vs_full(model, tok, analyses)
+    for outcome in analyses.values():
+        outcome.kept = None  # the report is cached for the session: the results are not needed again
     return Report(
         family=family,
         attention=attention_kind(family, model),

@@ -9,8 +9,7 @@ import gguf as gguf_library
 import pytest
 import torch
 
-from headscope.models import bundled_path, cache_root, gguf_cache_is_valid, load
-from headscope.models.gguf import _gguf_cache_dir
+from headscope.models import bundled_path, cache_root, gguf_cache_dir, gguf_cache_is_valid, load
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +71,7 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
     del bf16, warm_bf16, warm_weights
 
     entries = list((tmp_path / "second" / "gguf").iterdir())
-    assert entries == [_gguf_cache_dir(gguf)]  # the entry is keyed by the file's content
+    assert entries == [gguf_cache_dir(gguf)]  # the entry is keyed by the file's content
     again = load(str(gguf))
     assert "dequantized cache" in again.source and str(entries[0]) in again.source
     del again
@@ -83,7 +82,7 @@ def test_a_bfloat16_run_leaves_float32_weights_in_the_cache(tmp_path, monkeypatc
         last = handle.read(1)
         handle.seek(-1, 2)
         handle.write(bytes([last[0] ^ 0x01]))
-    changed = _gguf_cache_dir(gguf)
+    changed = gguf_cache_dir(gguf)
     assert changed != entries[0] and changed.parent == entries[0].parent and not changed.exists()
 
 

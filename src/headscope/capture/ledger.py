@@ -133,6 +133,8 @@ class Ledger:
             shapes = self.passes.get(name, [])
             tokens = sum(b * t * share for b, t, share, _ in shapes)
             base = sum(rates[_bucket(t)] * b * t * share for b, t, share, _ in shapes)
+            # B x T positions, as ``model(...).logits`` runs the head (the losses read T - 1 of
+            # them; the estimate is what the bare forward costs, not what the analysis reads).
             head = sum((self.head_rate or 0.0) * b * t for b, t, _, ran in shapes if ran)
             out.append(PartCost(name, wall, tokens, len(shapes), base + head if shapes else None, head))
         return out

@@ -77,7 +77,10 @@ class _LayerSink:
         self.lse_failed = False  # the fused kernel with log-sum-exp raised: pairs via rows
         self._spans: list[tuple[int, int]] | None | bool = False  # False: not computed yet
         self.counts = rows.active_counts()
-        self.plans: dict[Any, list[tuple[int, int]]] = {}  # _plan's key ranges, per mask
+        # What this pass reads from each mask, once per mask (layers sharing a mask share it):
+        # keys tagged "plan" (_plan's key ranges), "causal" (_causal_chunks' flags), "causal-rows"
+        # (_causal_rows' split) and "seen" (_keys_seen's counts).
+        self.mask_reads: dict[tuple[Any, ...], Any] = {}
         self.streaming = streaming
         self.batch = batch
         self.ablation = ablation
@@ -501,7 +504,7 @@ def _causal_rows(
     row. Read from the mask, once per mask and chunk."""
     if mask is None or mask.shape[2] == 1 or mask.shape[0] == 1 or limit != stop or first > start:
         return None, None
-    memo = sink.plans if sink is not None else {}
+    memo = sink.mask_reads if sink is not None else {}
     ident = ("causal-rows", mask.data_ptr(), tuple(mask.shape), mask.dtype, start, stop, first, limit)
     if ident not in memo:
         block = mask_open(mask[:, :, start:stop, first:limit])  # [B, h, c, K']
@@ -511,8 +514,8 @@ def _causal_rows(
         diag = (block[..., start - first :] == tri).flatten(1).all(1)
         flags = before & diag
         found, rest = torch.nonzero(flags).flatten(), torch.nonzero(~flags).flatten()
-        memo[ident] = (found, rest) if len(found) and len(rest) else (None, None)  # type: ignore[assignment]
-    return memo[ident]  # type: ignore[return-value]
+        memo[ident] = (found, rest) if len(found) and len(rest) else (None, None)
+    return memo[ident]
 
 
 def _causal_split(
@@ -538,7 +541,7 @@ def _keys_seen(mask: torch.Tensor | None, sink: _LayerSink, batch: int, length: 
         seen = sink.batch.attention_mask.sum(1, keepdim=True).expand(batch, length)
         return seen.to(torch.float32).clamp(min=1.0)
     ident = ("seen", mask.data_ptr(), tuple(mask.shape), mask.dtype)
-    if ident not in sink.plans:
+    if ident not in sink.mask_reads:
         n_rows = mask.shape[2]
         out = torch.empty(batch, n_rows, dtype=torch.float32, device=mask.device)
         for a in range(0, n_rows, _PLAN_ROWS):
@@ -546,8 +549,11 @@ def _keys_seen(mask: torch.Tensor | None, sink: _LayerSink, batch: int, length: 
             open_ = mask_open(mask[:, :, a:b])
             open_ = open_.any(1) if open_.shape[1] > 1 else open_[:, 0]
             out[:, a:b] = open_.sum(-1).to(torch.float32)
-        sink.plans[ident] = out.expand(batch, length).clamp(min=1.0) if n_rows == 1 else out.clamp(min=1.0)  # type: ignore[assignment]
-    return sink.plans[ident]  # type: ignore[return-value]
+        sink.mask_reads[ident] = (
+            out.expand(batch, length).clamp(min=1.0) if n_rows == 1 else out.clamp(min=1.0)
+        )
+    seen: torch.Tensor = sink.mask_reads[ident]
+    return seen
 
 
 def _visible_at(
@@ -580,8 +586,8 @@ def _plan(
         return []
     if mask is None or mask.shape[2] == 1:
         return [(s, e, 0, keys) for s, e in chunks]
-    memo = sink.plans if sink is not None else {}
-    ident = (mask.data_ptr(), tuple(mask.shape), mask.dtype, tuple(chunks), keys)
+    memo = sink.mask_reads if sink is not None else {}
+    ident = ("plan", mask.data_ptr(), tuple(mask.shape), mask.dtype, tuple(chunks), keys)
     if ident not in memo:
         length = mask.shape[2]
         first_key = torch.empty(length, dtype=torch.long, device=mask.device)
@@ -616,7 +622,7 @@ def _causal_chunks(
     Read from the mask once per mask and chunking (one copy to the host), never assumed."""
     if mask is None or mask.shape[2] == 1 or not plan:
         return [False] * len(plan)
-    memo = sink.plans if sink is not None else {}
+    memo = sink.mask_reads if sink is not None else {}
     ident = ("causal", mask.data_ptr(), tuple(mask.shape), mask.dtype, tuple(plan))
     if ident not in memo:
         flags = []
@@ -629,8 +635,9 @@ def _causal_chunks(
             size = stop - start
             tri = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril_()
             flags.append(before & (block[..., start - first :] == tri).all())
-        memo[ident] = torch.stack(flags).tolist()  # type: ignore[assignment]
-    return memo[ident]  # type: ignore[return-value]
+        memo[ident] = torch.stack(flags).tolist()
+    flags_: list[bool] = memo[ident]
+    return flags_
 
 
 _registered = False

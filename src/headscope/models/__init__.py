@@ -10,7 +10,7 @@ from headscope.models.bundled import (
     cache_root,
     file_digest,
 )
-from headscope.models.gguf import GGUF_CACHE_FORMAT, gguf_cache_is_valid
+from headscope.models.gguf import GGUF_CACHE_FORMAT, gguf_cache_dir, gguf_cache_is_valid
 from headscope.models.layout import DeviceName, DtypeName, HeadLayout, LoadedModel
 from headscope.models.load import is_causal_config, load
 from headscope.models.spec import ResolvedSpec, resolve
@@ -30,6 +30,7 @@ __all__ = [
     "bundled_path",
     "cache_root",
     "file_digest",
+    "gguf_cache_dir",
     "gguf_cache_is_valid",
     "is_causal_config",
     "load",

@@ -29,7 +29,9 @@ GGUF_CACHE_FORMAT = 1
 _GGUF_CACHE_MARKER = "headscope.json"
 
 
-def _gguf_cache_dir(gguf_path: Path, digest: str | None = None) -> Path:
+def gguf_cache_dir(gguf_path: Path, digest: str | None = None) -> Path:
+    """Where a GGUF file's dequantized weights are cached: keyed by its content (the first 32 hex
+    digits of its SHA-256, ``digest`` where already known), so a changed file gets a new entry."""
     return cache_root() / "gguf" / (digest or file_digest(gguf_path))[:32]
 
 
@@ -69,7 +71,7 @@ def _load_gguf(
     applied when loading from the cache, so a cold and a warm run give the same weights.
     """
     gguf_path = Path(resolved.location) / str(resolved.gguf_file)
-    cached = _gguf_cache_dir(gguf_path, resolved.sha256) if use_cache else None
+    cached = gguf_cache_dir(gguf_path, resolved.sha256) if use_cache else None
     with _building(cached):
         return _load_or_build(resolved, gguf_path, cached, dtype, placement)
 
