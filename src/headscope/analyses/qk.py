@@ -151,15 +151,20 @@ class QKInputs:
     eval_from: str
 
 
-def _windows(loaded: Any, options: QKOptions, prepared: QKInputs) -> tuple[list[Any], list[Any], str]:
-    """(fit, evaluation) windows as (ids, special) pairs, and what the evaluation split is."""
+def _windows(
+    loaded: Any, options: QKOptions, prepared: QKInputs
+) -> tuple[list[Any], list[Any], str, tuple[int, int] | None]:
+    """(fit, evaluation) windows as (ids, special) pairs, what the evaluation split is, and the
+    query positions the protocol scores: on repeated random tokens, the later copies (each token
+    there has an earlier occurrence to copy from); None on text (every row)."""
     n = options.windows
     if options.repeat_seq:
         spec = RepeatSpec(options.seq_len, options.repeat_seq, 2 * n, options.seed, None)
-        sequences, specials, _ = repeated_tokens(loaded, spec)
+        sequences, specials, offset = repeated_tokens(loaded, spec)
         pairs = list(zip(sequences, specials, strict=True))
         what = f"repeated random tokens ({n} x {options.seq_len} tokens x {options.repeat_seq})"
-        return pairs[:n], pairs[n:], what
+        later = (offset + options.seq_len, offset + options.seq_len * options.repeat_seq)
+        return pairs[:n], pairs[n:], what, later
     fit = balanced(windows(loaded, prepared.fit_sources, options.context), n)
     sources = prepared.eval_sources or shipped_sources("eval", split_names(options.lang) or ["en"])
     held = balanced(windows(loaded, sources, options.context), n)
@@ -168,7 +173,7 @@ def _windows(loaded: Any, options: QKOptions, prepared: QKInputs) -> tuple[list[
             f"{prepared.eval_from}: {len(held)} window of text to evaluate on; qk needs at least 2",
             hint="give a longer text, or a smaller --context",
         )
-    return [(t.ids, t.special) for t in fit], [(t.ids, t.special) for t in held], prepared.eval_from
+    return [(t.ids, t.special) for t in fit], [(t.ids, t.special) for t in held], prepared.eval_from, None
 
 
 # --- the statistics of one split ---------------------------------------------------------------------------
@@ -744,7 +749,7 @@ def qk(
     progress: Any = None,
 ) -> tuple[Report, QKResult, dict[str, Any]]:
     """Decompose the chosen heads' attention over their sources; see the module docstring."""
-    fit_pairs, eval_pairs, data = _windows(loaded, options, prepared)
+    fit_pairs, eval_pairs, data, later = _windows(loaded, options, prepared)
     result, state = explain(
         loaded,
         fit_pairs,
@@ -765,7 +770,7 @@ def qk(
         notes=list(result.notes),
         layout=loaded.layout,
     )
-    return report, result, state
+    return report, result, {**state, "verify_rows": later}
 
 
 def explain(
@@ -861,6 +866,8 @@ class KeyRemoval:
     ci_low: float | None
     ci_high: float | None
     windows: int
+    rows: str = "every row read"  # the query rows the moves average over
+    rows_read: int = 0  # how many, over the evaluation windows
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -890,7 +897,9 @@ def verify_heads(
     progress: Any = None,
 ) -> KeyRemovals:
     """Remove each of the ``n`` heads' top key source from its key input only (:class:`KeyOnly`),
-    on the evaluation windows, against ``controls`` random sources of lower layers (heads and MLPs)."""
+    on the evaluation windows, against ``controls`` random sources of lower layers (heads and MLPs).
+    The moves average over the sampled query rows the protocol scores (``state["verify_rows"]``:
+    on repeated random tokens the later copies, as the induction score reads them; else every row)."""
     candidates = [e for e in result.heads if e["key"] and e["layer"] > 0]
     candidates.sort(key=lambda e: -e["key"][0]["share"])
     rng = np.random.default_rng(seed)
@@ -906,8 +915,9 @@ def verify_heads(
 
 def _attention_rows(
     loaded: Any, batches: list[Any], layer: int, head: int, sample: RowSample, **extra: Any
-) -> dict[int, torch.Tensor]:
-    """One pass: head ``head``'s attention rows at ``layer`` per window (the sampled rows)."""
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """One pass: head ``head``'s attention rows at ``layer`` per window (the sampled rows), with
+    their query positions."""
     store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def keep(at: int, weights: torch.Tensor, batch: Any, q_start: int) -> None:
@@ -917,7 +927,7 @@ def _attention_rows(
     reads = [Attention(keep, rows=sample), *extra.pop("reads", [])]
     stop = layer if loaded.capture_mode == "stream" else None
     capture.run(loaded, batches, Pass(reads=reads, stop_after=stop, **extra))
-    return {window: rows for window, (rows, _) in store.items()}
+    return store
 
 
 def _verify_head(
@@ -947,6 +957,14 @@ def _verify_head(
         writes[int(batch.example_index[0])] = {i: every[i].float() for i in wanted}
 
     clean = _attention_rows(loaded, batches, layer, head, sample, reads=[recorder], on_batch_done=record)
+    span = state.get("verify_rows")
+    kept = {w: _in_span(positions, span) for w, (_, positions) in clean.items()}
+    windows = sorted(w for w in clean if kept[w].any())
+    if not windows:
+        raise InputError(
+            f"--verify: no sampled query row of L{layer}H{head} falls in the later copies",
+            hint="raise --rows (0: every row), or --seq-len",
+        )
     moves = []
     for index in wanted:
 
@@ -955,7 +973,7 @@ def _verify_head(
 
         edited = _attention_rows(loaded, batches, layer, head, sample, edits=[KeyOnly(layer, removed)])
         moves.append(
-            [float((1.0 - torch.minimum(clean[w], edited[w]).sum(-1)).mean()) for w in sorted(clean)]
+            [float((1.0 - torch.minimum(clean[w][0], edited[w][0]).sum(-1))[kept[w]].mean()) for w in windows]
         )
     move = np.array(moves)  # [1 + controls, windows]
     top_move = torch.tensor(move[0])
@@ -973,7 +991,16 @@ def _verify_head(
         _nan(float(low)),
         _nan(float(high)),
         move.shape[1],
+        "every row read" if span is None else f"later copies (positions {span[0]}-{span[1] - 1})",
+        int(sum(int(kept[w].sum()) for w in windows)),
     )
+
+
+def _in_span(positions: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    """Which query positions the protocol scores: all of them without a span."""
+    if span is None:
+        return torch.ones(len(positions), dtype=torch.bool)
+    return (positions >= span[0]) & (positions < span[1])
 
 
 def _keep_rows(

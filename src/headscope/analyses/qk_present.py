@@ -100,6 +100,11 @@ def print_removals(removals: Any, console: Any) -> None:
             f"{item.ratio:.1f}{ci}",
         )
     console.print(table)
+    which = sorted({item.rows for item in removals.heads})
+    if which:
+        console.print(
+            "attention moved: 1 - Σ min(A, A′), averaged over the " + "; ".join(which), highlight=False
+        )
 
 
 def html_section(found: Any) -> str:
