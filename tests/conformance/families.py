@@ -116,11 +116,9 @@ FAMILIES: dict[str, Family] = {
 # fmt: off
 # BEGIN EXPECTATIONS
 REFUSES: dict[str, dict[str, str]] = {
-    "codegen": {"qk": "qk: CodeGenForCausalLM (codegen): CodeGenAttention: qk"},
-    "gpt_bigcode": {"qk": "qk: GPTBigCodeForCausalLM (gpt_bigcode):"},
     "gemma2": {"qk": "qk: Gemma2ForCausalLM (gemma2): attention logits are"},
     "deepseek_v3": {"qk": "qk: DeepseekV3ForCausalLM (deepseek_v3):"},
-    "falcon": {"qk": "qk: FalconForCausalLM (falcon): FalconAttention: qk reads"},
+    "falcon": {"qk": "qk: FalconForCausalLM (falcon): FalconAttention computes"},
     "bloom": {"qk": "qk: BloomForCausalLM (bloom): ALiBi adds a distance bias to"},
     "mpt": {"qk": "qk: MptForCausalLM (mpt): ALiBi adds a distance bias to"},
     "gpt_neo": {"qk": "qk: the attention module never called its attention function"},

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TOY_DIR
-from tiny_models import tiny_bert, tiny_gemma, tiny_gpt2, tiny_llama
+from conftest import TOY_DIR, word_tokenizer
+from tiny_models import loaded_tiny, tiny_bert, tiny_gemma, tiny_gpt2, tiny_llama
 from typer.testing import CliRunner
 
 import headscope as hs
@@ -100,15 +100,51 @@ def test_planted_circuit_one_previous_token_head_feeds_the_induction_heads():
         assert entry["query"][0]["source"] == "embed" and entry["query"][0]["share"] >= 0.9
 
 
+def _tiny_fused(config_name: str, model_name: str, stream: bool = True, **kwargs):
+    """A tiny random model of a fused-projection family (3 layers, 4 heads, weights N(0, 0.2));
+    ``stream``: False for a family whose attention does not go through the interface (eager maps)."""
+    import transformers
+
+    config = getattr(transformers, config_name)(vocab_size=50, **kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    if not stream:
+        return hs.load(model.eval(), word_tokenizer(config.vocab_size), name="tiny")
+    return loaded_tiny(model.eval(), config)
+
+
+def tiny_bigcode(multi_query: bool):
+    return _tiny_fused(
+        "GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=32, n_inner=64, n_layer=3, n_head=4,
+        n_positions=64, multi_query=multi_query,
+    )  # fmt: skip
+
+
+def tiny_codegen():
+    return _tiny_fused(
+        "CodeGenConfig", "CodeGenForCausalLM", n_embd=32, n_inner=64, n_layer=3, n_head=4, rotary_dim=4,
+        n_positions=64, n_ctx=64,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "build",
-    [tiny_llama, tiny_gemma, tiny_gpt2],
-    ids=["llama-gqa-biases", "gemma3-qk-norms-mqa", "gpt2-fused-layernorm"],
-)
+    [tiny_llama, tiny_gemma, tiny_gpt2, lambda: tiny_bigcode(True), lambda: tiny_bigcode(False), tiny_codegen],
+    ids=[
+        "llama-gqa-biases", "gemma3-qk-norms-mqa", "gpt2-fused-layernorm", "bigcode-fused-mqa",
+        "bigcode-fused-per-head", "codegen-fused-blocks-partial-rotary",
+    ],
+)  # fmt: skip
 def test_the_parts_sum_to_the_models_own_scores(build):
     """GQA with projection biases and random norm gains (Llama); q/k norms, post-attention norms,
     sliding windows and MQA (Gemma 3); a fused q|k|v Conv1D, LayerNorm's centring and bias, learned
-    positions (GPT-2): the sum over sources is the module's own queries and keys."""
+    positions (GPT-2); GPT-BigCode's fused c_attn, q|k|v with one KV head or per head q, k, v;
+    CodeGen's qkv_proj in 4 blocks of q, v, k slices with rotary on 4 of each head's 8 dims: the sum
+    over sources is the module's own queries and keys."""
     found = hs.qk(build(), repeat_seq=2, seq_len=8, windows=2, rows=0, resamples=0).qk
     assert found.check["score_error"] < 1e-6
     assert found.check["attention_error"] < 1e-5
@@ -119,6 +155,12 @@ def test_the_parts_sum_to_the_models_own_scores(build):
 def test_families_without_a_decomposition_are_refused_before_any_pass():
     with pytest.raises(Unsupported, match="post-norm"):
         hs.qk(tiny_bert(), repeat_seq=2, seq_len=8, windows=2)
+    falcon = _tiny_fused(
+        "FalconConfig", "FalconForCausalLM", False, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        new_decoder_architecture=True, num_kv_heads=2,
+    )  # fmt: skip
+    with pytest.raises(Unsupported, match="FalconAttention computes attention itself"):
+        hs.qk(falcon, repeat_seq=2, seq_len=8, windows=2)
 
 
 def _batches(loaded, n=2):

@@ -134,8 +134,10 @@ class QKLayout:
 
 def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
     """The query and key rows of separate projections (Llama and kin) or of a fused one (GPT-2's
-    ``c_attn``: q | k | v; Phi-3's ``qkv_proj``: q | k | v with GQA; GPT-NeoX's and Persimmon's
-    ``query_key_value``: per head q, k, v); any other layout is refused with its reason."""
+    ``c_attn``: q | k | v; GPT-BigCode's ``c_attn``: q | k | v with one KV head, or per head q, k,
+    v; Phi-3's ``qkv_proj``: q | k | v with GQA; CodeGen's ``qkv_proj``: ``mp_num`` blocks of q, v,
+    k slices; GPT-NeoX's and Persimmon's ``query_key_value``: per head q, k, v); any other layout
+    is refused with its reason (Falcon's, whose attention does not go through the interface)."""
     name = type(attention).__name__
     query, key = getattr(attention, "q_proj", None), getattr(attention, "k_proj", None)
     if isinstance(query, nn.Linear) and isinstance(key, nn.Linear):
@@ -145,24 +147,43 @@ def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
         )
     width = projections._rows(projections.output_module(attention)).shape[1]
     d = width // n_heads
+    # Per head [q, k, v] (GPT-NeoX, Persimmon, GPT-BigCode without multi-query): rows.
+    per_head = 3 * d * torch.arange(n_heads)[:, None] + torch.arange(d)[None, :]
     fused = getattr(attention, "c_attn", None)
+    if projections._is_projection(fused) and getattr(attention, "is_cross_attention", False):
+        raise Unsupported(f"{name}: cross-attention reads its keys from the encoder")
     if projections._is_projection(fused) and not hasattr(attention, "multi_query"):  # GPT-2
-        if getattr(attention, "is_cross_attention", False):
-            raise Unsupported(f"{name}: cross-attention reads its keys from the encoder")
         return QKLayout("c_attn", "c_attn", torch.arange(width), width + torch.arange(width), 3 * width)
+    if projections._is_projection(fused) and name == "GPTBigCodeAttention":
+        out = projections._rows(fused).shape[0]
+        if attention.multi_query:  # q | k | v, one KV head
+            return QKLayout("c_attn", "c_attn", torch.arange(width), width + torch.arange(d), out)
+        return QKLayout("c_attn", "c_attn", per_head.flatten(), (per_head + d).flatten(), out)
     fused = getattr(attention, "qkv_proj", None)
-    if projections._is_projection(fused) and getattr(attention, "mp_num", None) is None:  # Phi-3
+    mp_num = getattr(attention, "mp_num", None)
+    if projections._is_projection(fused) and mp_num is None:  # Phi-3
         out = projections._rows(fused).shape[0]
         kv = (out - width) // 2
         return QKLayout("qkv_proj", "qkv_proj", torch.arange(width), width + torch.arange(kv), out)
+    if projections._is_projection(fused) and name == "CodeGenAttention":
+        # mp_num blocks of [q, v, k], each a slice of every head's width: q and k concatenated over blocks
+        local = width // mp_num
+        block = 3 * local * torch.arange(mp_num)[:, None] + torch.arange(local)[None, :]
+        return QKLayout("qkv_proj", "qkv_proj", block.flatten(), (block + 2 * local).flatten(), 3 * width)
     fused = getattr(attention, "query_key_value", None)
     known = {"GPTNeoXAttention", "PersimmonAttention"}
-    if projections._is_projection(fused) and name in known:  # per head [q, k, v]
-        base = 3 * d * torch.arange(n_heads)[:, None] + torch.arange(d)[None, :]
-        return QKLayout("query_key_value", "query_key_value", base.flatten(), (base + d).flatten(), 3 * width)
+    if projections._is_projection(fused) and name in known:
+        return QKLayout(
+            "query_key_value", "query_key_value", per_head.flatten(), (per_head + d).flatten(), 3 * width
+        )
+    if name == "FalconAttention":  # checked on transformers 5.24: SDPA or its own matmul, no interface
+        raise Unsupported(
+            f"{name} computes attention itself, not through transformers' attention interface, so "
+            "its queries and keys cannot be taken from its own code"
+        )
     raise Unsupported(
-        f"{name}: qk reads queries and keys from q_proj and k_proj, or from GPT-2's, Phi-3's, "
-        "GPT-NeoX's or Persimmon's fused projection; this layout is not one of them"
+        f"{name}: qk reads queries and keys from q_proj and k_proj, or from the fused projection of "
+        "GPT-2, GPT-BigCode, Phi-3, CodeGen, GPT-NeoX or Persimmon; this layout is not one of them"
     )
 
 
