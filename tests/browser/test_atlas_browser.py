@@ -163,3 +163,58 @@ def test_a_role_keeps_its_badge_until_the_legend_hides_it(tab, built):
     assert sorted(map(tuple, kept)) == sorted(
         (h["layer"], h["head"]) for h in with_role if role in h["roles"]
     )
+
+
+@pytest.fixture(scope="module")
+def two(built):
+    """The page of two describe results (``report a.json b.json --html``): the toy beside itself."""
+    saved = built[0].parent / "atlas.json"
+    page = built[0].parent / "two.html"
+    result = runner.invoke(
+        app, ["report", str(saved), str(saved), "--html", str(page)], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return page
+
+
+def _beside(tab, side: str, layer: int, head: int):
+    return tab.locator(
+        f"[data-testid=beside-cell][data-side={side}][data-layer='{layer}'][data-head='{head}']"
+    )
+
+
+def test_the_second_models_grid_opens_its_heads_and_names_them_in_the_hash(tab, two, built):
+    tab.goto(two.resolve().as_uri())
+    tab.wait_for_selector("[data-testid=beside-cell]")
+    _beside(tab, "b", 1, 2).click()
+    panel = tab.locator("#panel")
+    assert panel.get_attribute("data-side") == "b" and tab.evaluate("location.hash") == "#b-L1H2"
+    assert "L1 H2" in tab.locator("[data-testid=panel-title]").text_content()
+    # Its own card (held once in the page, filled in on opening), beside its closest head here.
+    assert panel.locator("[data-testid=card]").get_attribute("id") == "L1H2"
+    nearest = panel.locator("[data-testid=nearest]")
+    assert nearest.get_attribute("data-nearest").startswith("L1H")  # the same atlas: itself
+    assert "selected" in _beside(tab, "b", 1, 2).get_attribute("class")
+    # Its link opens the first model's head, with that head's card and its partner's.
+    name = nearest.get_attribute("data-nearest")
+    nearest.locator("a").click()
+    tab.wait_for_function("document.getElementById('panel').dataset.side === 'a'")
+    assert tab.evaluate("location.hash") == f"#{name}"
+    assert panel.locator("[data-testid=card]").first.get_attribute("id") == name
+    # Back to the second model from the partner's link.
+    panel.locator("[data-testid=partner] a").click()
+    tab.wait_for_function("document.getElementById('panel').dataset.side === 'b'")
+    assert tab.evaluate("location.hash").startswith("#b-")
+
+
+def test_a_hash_opens_a_head_of_the_second_model_and_the_keyboard_reaches_its_grid(tab, two):
+    tab.goto(two.resolve().as_uri() + "#b-L0H3")
+    tab.wait_for_selector("[data-testid=beside-cell]")
+    panel = tab.locator("#panel")
+    assert not panel.is_hidden() and panel.get_attribute("data-side") == "b"
+    assert panel.locator("[data-testid=card]").get_attribute("id") == "L0H3"
+    tab.keyboard.press("Escape")
+    assert panel.is_hidden() and tab.evaluate("location.hash") == ""
+    _beside(tab, "a", 0, 1).focus()
+    tab.keyboard.press("Enter")
+    assert panel.get_attribute("data-side") == "a" and tab.evaluate("location.hash") == "#L0H1"

@@ -133,6 +133,26 @@ def test_report_draws_two_describe_results_side_by_side(described, tmp_path):
     # Each partner card is held once and named by the panel's placeholder.
     for name in {p for p, _ in partners}:
         assert text.count(f'<template data-labels="b:{name}">') == 1
+        assert f"<a href='#b-{name}'><b>{name}</b></a>" in text  # the partner opens its own panel
+    # Both grids of the side-by-side picture are cells that open a head: the first model's, its
+    # panel; the second's, a panel of its own (its card beside a link to the first's closest head).
+    heads = [(h["layer"], h["head"]) for h in described.atlas.heads]
+    for side in ("a", "b"):
+        drawn = re.findall(
+            rf"data-side={side} data-layer='(\d+)' data-head='(\d+)' tabindex=0 role=button", text
+        )
+        assert sorted((int(a), int(b)) for a, b in drawn) == sorted(heads)
+    for layer, head in heads:
+        name = f"L{layer}H{head}"
+        assert text.count(f'<template data-labels="b:{name}">') == 1
+        own = re.search(
+            rf'<template data-beside-card="{layer},{head}" data-model="[^"]+">(.*?)</template>', text
+        )
+        assert own is not None and f"<div data-labels='b:{name}'></div>" in own.group(1)
+        # The same atlas on both sides: each head's closest is itself (distance 0, same layer).
+        nearest = re.search(r"data-nearest='(L\d+H\d+)' data-distance='([\d.]+)'", own.group(1))
+        assert nearest is not None and float(nearest.group(2)) == 0.0
+        assert nearest.group(1).startswith(f"L{layer}H") and f"<a href='#{nearest.group(1)}'>" in own.group(1)
     three = runner.invoke(
         app, ["report", str(saved), str(saved), str(saved), "--html", str(tmp_path / "x.html")]
     )

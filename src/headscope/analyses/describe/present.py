@@ -391,6 +391,8 @@ SECTION_CSS = """/* describe's summary plots */
 .grid-filters { display: flex; flex-wrap: wrap; gap: 0.4rem 0.9rem; margin: 0.3rem 0 0.5rem; font-size: 0.88rem; }
 .grid-filters select, .grid-filters input { font: inherit; font-size: 0.86rem; }
 .grid-filters input[type="number"] { width: 4.5rem; }
+svg .beside-cell { cursor: pointer; } svg .beside-cell:focus { outline: none; }
+svg .beside-cell.selected, svg .beside-cell:focus-visible { stroke: #1d2125; stroke-width: 1.5; }
 """
 
 
@@ -522,7 +524,10 @@ def card_templates(
     report's head panel shows the one of the head it opens, and, with ``paint`` (describe's own
     page), the grid draws each cell from its ``data-*`` (:func:`cell_attributes`: colour by dominant
     kind, tooltip, filters). ``beside``: another model's atlas; each card then sits beside the card
-    of that model's most similar head (:func:`~.atlas.nearest_heads`), with their distance.
+    of that model's most similar head (:func:`~.atlas.nearest_heads`), with their distance, and
+    every head of that model gets a card of its own (``<template data-beside-card="layer,head">``,
+    opened from its grid in :func:`beside_html` or at ``#b-L3H1``) beside a link to this model's
+    most similar head.
     ``heatmaps``: False leaves the cards' two heatmaps out (scan's report has heatmaps of its own).
     ``atlas``: an :class:`Atlas` or its JSON. None without one; an entry of a saved atlas that does
     not fit a card (a file edited by hand) gets none, and the page says so."""
@@ -538,7 +543,6 @@ def card_templates(
     excerpts = excerpts if heatmaps else None
     nearest = nearest_heads(atlas, beside) if beside is not None and isinstance(atlas, Atlas) else {}
     templates, unfit = [], []
-    partners: dict[str, dict[str, Any]] = {}
     for index, head in enumerate(heads):
         try:
             key = f"{int(head['layer'])},{int(head['head'])}"
@@ -546,12 +550,12 @@ def card_templates(
             if beside is not None and (head["layer"], head["head"]) in nearest:
                 other, distance = nearest[(head["layer"], head["head"])]
                 name = f"L{other['layer']}H{other['head']}"
-                partners.setdefault(name, other)
                 card = (  # the partner's card is held once in the page (data-labels), as the axes are
                     f"<div class=pair><div>{card}</div><div class=partner><p data-testid=partner "
                     f"data-partner='{name}' data-distance='{distance}'>most similar head of "
-                    f"{html.escape(beside.model)}: <b>{name}</b>, distance {distance:.2f} (total variation "
-                    f"between the two descriptions)</p><div data-labels='b:{name}'></div></div></div>"
+                    f"{html.escape(beside.model)}: <a href='#b-{name}'><b>{name}</b></a>, distance "
+                    f"{distance:.2f} (total variation between the two descriptions)</p>"
+                    f"<div data-labels='b:{name}'></div></div></div>"
                 )
             cells = cell_attributes(head) if paint else {}
             attributes = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in cells.items())
@@ -567,10 +571,8 @@ def card_templates(
             f"{html.escape(shown)}</p>\n"
         )
     painted = ' data-paint="kind"' if paint else ""
-    for name, other in partners.items():
-        fit_b = beside.fit.get("query_classes") if beside is not None else None
-        partner = head_card(other, fit_b, excerpt_maps(beside.excerpts if beside else None, other), "b")
-        templates.append(f'<template data-labels="b:{name}">{partner}</template>')
+    if beside is not None and isinstance(atlas, Atlas):
+        templates.extend(_beside_cards(atlas, beside))
     # Each excerpt's axis labels once, for every card that draws it (report.js fills them in).
     shared = [("a", excerpts or []), ("b", (beside.excerpts or []) if beside is not None else [])]
     for prefix, found in shared:
@@ -585,23 +587,51 @@ def card_templates(
     )
 
 
+def _beside_cards(a: Atlas, b: Atlas) -> list[str]:
+    """Every head of ``b``: its card, held once (``data-labels="b:L3H1"``: ``a``'s cards name it
+    as their partner), and its own panel (``data-beside-card``): that card beside a link to the
+    head of ``a`` whose description is closest, with their distance."""
+    back = nearest_heads(b, a)
+    fit_b = b.fit.get("query_classes")
+    out = []
+    for head in b.heads:
+        layer, index = int(head["layer"]), int(head["head"])
+        name = f"L{layer}H{index}"
+        card = head_card(head, fit_b, excerpt_maps(b.excerpts, head), "b")
+        other, distance = back[(layer, index)]
+        near = f"L{other['layer']}H{other['head']}"
+        out.append(f'<template data-labels="b:{name}">{card}</template>')
+        out.append(
+            f'<template data-beside-card="{layer},{index}" data-model="{html.escape(b.model, quote=True)}">'
+            f"<div class=pair><div data-labels='b:{name}'></div><div class=partner><p "
+            f"data-testid=nearest data-nearest='{near}' data-distance='{distance}'>most similar head of "
+            f"{html.escape(a.model)}: <a href='#{near}'><b>{near}</b></a>, distance {distance:.2f} (total "
+            "variation between the two descriptions)</p></div></div></template>"
+        )
+    return out
+
+
 def beside_html(a: Atlas, b: Atlas) -> str:
     """Two models' grids side by side, aligned by relative depth (a layer's top at its depth in its
     model, 0 to 1), each cell coloured as the page's grid, and each layer's dominant kinds as a
     stacked bar beside it."""
     height, cell = 360, 9
 
-    def column(atlas: Atlas, x: float) -> tuple[str, float]:
+    def column(atlas: Atlas, x: float, side: str) -> tuple[str, float]:
         layers, n_heads = atlas.layout["layers"], atlas.layout["heads"]
         row = height / layers
         parts = [f"<text x='{x}' y='12'>{html.escape(atlas.model)}</text>"]
         by_layer = atlas.by_layer()
         for head in atlas.heads:
             share = head["explained"]["value"] or 0.0
-            parts.append(
+            name = f"L{head['layer']}H{head['head']}"
+            parts.append(  # a cell opens its head's panel (report.js): side a, the page's own
                 f"<rect x='{x + head['head'] * cell:.1f}' y='{20 + head['layer'] * row:.1f}' width='{cell - 1}' "
-                f"height='{max(row - 1, 1):.1f}' fill='{cell_color(head['dominant_kind'], share)}'><title>"
-                f"L{head['layer']}H{head['head']}: {html.escape(head['dominant'])}, explained {share:.2f}"
+                f"height='{max(row - 1, 1):.1f}' fill='{cell_color(head['dominant_kind'], share)}' "
+                f"class=beside-cell data-testid=beside-cell data-side={side} data-layer='{head['layer']}' "
+                f"data-head='{head['head']}' tabindex=0 role=button aria-label='{name} of "
+                f"{html.escape(atlas.model, quote=True)}'><title>"
+                f"{name}: {html.escape(head['dominant'])}, explained {share:.2f}"
                 "</title></rect>"
             )
         bars = x + n_heads * cell + 4
@@ -618,8 +648,8 @@ def beside_html(a: Atlas, b: Atlas) -> str:
                     at += width
         return "".join(parts), bars + 50
 
-    left, end = column(a, 30)
-    right, total = column(b, end + 20)
+    left, end = column(a, 30, "a")
+    right, total = column(b, end + 20, "b")
     ticks = "".join(
         f"<text x='0' y='{20 + f * height + 4:.0f}'>{f:.2g}</text>"
         f"<line x1='24' x2='{total}' y1='{20 + f * height:.0f}' y2='{20 + f * height:.0f}' stroke='#eee'/>"
@@ -630,7 +660,8 @@ def beside_html(a: Atlas, b: Atlas) -> str:
         f"{html.escape(b.model)}</h2><p>Both grids by relative depth (0: the first layer, 1: the end of "
         "the last), each cell coloured as the grid below, with each layer's dominant kinds beside it. "
         f"The grid below is {html.escape(a.model)}'s: each head's card sits beside the card of "
-        f"{html.escape(b.model)}'s head whose description is closest.</p><svg width='{total:.0f}' "
+        f"{html.escape(b.model)}'s head whose description is closest. A cell of either grid here "
+        f"opens its head's card.</p><svg width='{total:.0f}' "
         f"height='{height + 30}' role=img aria-label='both grids by relative depth'>{ticks}{left}{right}"
         "</svg></section>"
     )

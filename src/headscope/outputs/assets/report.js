@@ -586,11 +586,17 @@
   }
 
   // The URL's hash names a head (page.html#L18H6): it opens that head's panel, and opening one sets it.
+  // On a page of two describe results, #b-L3H1 names a head of the second model.
+  var HEAD_HASH = /^#(b-)?L(\d+)H(\d+)$/i;
   function openFromHash() {
-    var m = /^#L(\d+)H(\d+)$/i.exec(window.location.hash || "");
+    var m = HEAD_HASH.exec(window.location.hash || "");
     if (!m) return;
-    var l = Number(m[1]);
-    var h = Number(m[2]);
+    var l = Number(m[2]);
+    var h = Number(m[3]);
+    if (m[1]) {
+      openBeside(l, h, null);
+      return;
+    }
     if (!cells[l] || !cells[l][h]) return;
     focusCell(l, h);
     openPanel(l, h, cells[l][h], false);
@@ -615,11 +621,12 @@
 
   function closePanel() {
     panel.hidden = true;
-    if (/^#L\d+H\d+$/i.test(window.location.hash || "") && window.history && window.history.replaceState) {
+    if (HEAD_HASH.test(window.location.hash || "") && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", window.location.pathname + window.location.search);
     }
     panelHead = null;
     markCurrent(null, null);
+    markBeside(null, null);
     hideTooltip();
     var opener = panelOpener;
     panelOpener = null;
@@ -789,11 +796,68 @@
     return fig;
   }
 
+  // Fragments the page holds once for many cards (<template data-labels="ID">: axis labels, a
+  // second model's card) fill the card's empty elements that name them (data-labels="ID"); a
+  // fragment may name others (a card's labels), hence a few passes.
+  function fillShared(holder) {
+    for (var pass = 0; pass < 3; pass++) {
+      var empty = Array.prototype.filter.call(holder.querySelectorAll("[data-labels]"), function (node) {
+        return !node.childNodes.length;
+      });
+      if (!empty.length) break;
+      empty.forEach(function (node) {
+        var shared = document.querySelector('template[data-labels="' + node.getAttribute("data-labels") + '"]');
+        if (shared && shared.content) node.appendChild(shared.content.cloneNode(true));
+      });
+    }
+  }
+
+  // The two grids drawn side by side (report a.json b.json): the cell of the head whose panel is open.
+  var besideCell = null;
+  function markBeside(side, k) {
+    if (besideCell) besideCell.classList.remove("selected");
+    besideCell = null;
+    if (side === null) return;
+    var p = k.split(",");
+    besideCell = document.querySelector('[data-testid=beside-cell][data-side="' + side + '"][data-layer="' + p[0] + '"][data-head="' + p[1] + '"]');
+    if (besideCell) besideCell.classList.add("selected");
+  }
+
+  // A head of the second model: its card beside a link to the first model's most similar head.
+  function openBeside(l, h, opener) {
+    var card = document.querySelector('template[data-beside-card="' + l + "," + h + '"]');
+    if (!card || !card.content) return;
+    panelOpener = opener || null;
+    panelHead = "b:" + key(l, h);
+    panel.textContent = "";
+    panel.setAttribute("data-side", "b");
+    panel.setAttribute("data-layer", l);
+    panel.setAttribute("data-head", h);
+    var title = el("h2", { id: "panel-title", tabindex: "-1", "data-testid": "panel-title", text: (card.getAttribute("data-model") || "second model") + ": L" + l + " H" + h });
+    var close = el("button", { type: "button", className: "close", "aria-label": "close the head panel", title: "close (Esc)", text: "\u00d7" });
+    close.addEventListener("click", closePanel);
+    panel.appendChild(el("div", { className: "panel-head" }, [title, close]));
+    var holder = el("div", { className: "head-card", "data-testid": "panel-card" });
+    holder.appendChild(card.content.cloneNode(true));
+    fillShared(holder);
+    panel.appendChild(holder);
+    panel.hidden = false;
+    markCurrent(null, null);
+    markBeside("b", key(l, h));
+    var wanted = "#b-L" + l + "H" + h;
+    if (window.location.hash !== wanted && window.history && window.history.replaceState) {
+      window.history.replaceState(null, "", wanted);
+    }
+    var rect = panel.getBoundingClientRect();
+    if (rect.top > window.innerHeight || rect.bottom < 0) panel.scrollIntoView({ block: "start" });
+  }
+
   function openPanel(l, h, opener, moveFocus) {
     var head = headAt[key(l, h)];
     panelOpener = opener || null;
     panelHead = key(l, h);
     panel.textContent = "";
+    panel.setAttribute("data-side", "a");
     panel.setAttribute("data-layer", l);
     panel.setAttribute("data-head", h);
     var kv = head && isNum(head.kv_group) ? head.kv_group : null;
@@ -852,19 +916,7 @@
     if (card && card.content) {
       var holder = el("div", { className: "head-card", "data-testid": "panel-card" });
       holder.appendChild(card.content.cloneNode(true));
-      // Fragments the page holds once for many cards (<template data-labels="ID">: axis labels, a
-      // second model's card) fill the card's empty elements that name them (data-labels="ID"); a
-      // fragment may name others (a card's labels), hence a few passes.
-      for (var pass = 0; pass < 3; pass++) {
-        var empty = Array.prototype.filter.call(holder.querySelectorAll("[data-labels]"), function (node) {
-          return !node.childNodes.length;
-        });
-        if (!empty.length) break;
-        empty.forEach(function (node) {
-          var shared = document.querySelector('template[data-labels="' + node.getAttribute("data-labels") + '"]');
-          if (shared && shared.content) node.appendChild(shared.content.cloneNode(true));
-        });
-      }
+      fillShared(holder);
       panel.appendChild(holder);
     }
 
@@ -879,6 +931,7 @@
 
     panel.hidden = false;
     markCurrent(l, h);
+    markBeside("a", key(l, h));
     var wanted = "#L" + l + "H" + h;
     if (window.location.hash !== wanted && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", wanted);
@@ -1162,9 +1215,32 @@
   buildNotes();
   window.addEventListener("scroll", hideTooltip, { passive: true });
   window.addEventListener("hashchange", openFromHash);
+  // The two grids drawn side by side (report a.json b.json): a cell opens its head's panel.
+  function openBesideCell(cell) {
+    var l = Number(cell.getAttribute("data-layer"));
+    var h = Number(cell.getAttribute("data-head"));
+    if (cell.getAttribute("data-side") === "b") openBeside(l, h, cell);
+    else if (cells[l] && cells[l][h]) openPanel(l, h, cell, false);
+  }
+  document.addEventListener("click", function (ev) {
+    var cell = ev.target && ev.target.closest ? ev.target.closest("[data-testid=beside-cell]") : null;
+    if (cell) openBesideCell(cell);
+  });
+  document.addEventListener("keydown", function (ev) {
+    var cell = ev.target && ev.target.closest ? ev.target.closest("[data-testid=beside-cell]") : null;
+    if (!cell || (ev.key !== "Enter" && ev.key !== " ")) return;
+    ev.preventDefault();
+    openBesideCell(cell);
+  });
   // With a head open and nothing else focused (a page opened at #L18H6), the arrows move the panel.
   document.addEventListener("keydown", function (ev) {
-    if (!panel || panel.hidden || document.activeElement !== document.body || !cells.length) return;
+    if (!panel || panel.hidden || document.activeElement !== document.body) return;
+    if (ev.key === "Escape") {
+      ev.preventDefault();
+      closePanel();
+      return;
+    }
+    if (!cells.length || String(panelHead).indexOf("b:") === 0) return; // the second model's head: no grid here
     var moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
     var step = moves[ev.key];
     if (!step) return;
