@@ -44,7 +44,7 @@ def test_removing_it_from_the_key_input_moves_the_head_more_than_random_sources(
     assert removal.ci_low is not None and removal.ci_low > 5  # measured 57 [45, 79]
     # Over the second copy's rows, as the issue measured it with plain hooks (0.915): 0.918 here
     # (0.493 when the first copy's rows, where the head rests on the first token, were averaged in).
-    assert removal.rows == "later copies (positions 31-60)" and removal.move > 0.8
+    assert removal.rows == "the later copies' query rows (positions 31-60)" and removal.move > 0.8
 
 
 def test_gemma3_scores_are_the_sum_over_sources(gemma3):

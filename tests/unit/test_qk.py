@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TOY_DIR, word_tokenizer
-from tiny_models import loaded_tiny, tiny_bert, tiny_gemma, tiny_gpt2, tiny_llama
+from tiny_models import loaded_tiny, tiny_gemma, tiny_gpt2, tiny_llama
 from typer.testing import CliRunner
 
 import headscope as hs
@@ -71,7 +71,9 @@ def test_removing_the_top_key_source_moves_the_head_more_than_random_sources(toy
         assert removal.move > removal.control_move
         # Averaged over the rows the protocol scores: the second copy (BOS, then 20 + 20 tokens),
         # every one of them here (rows=0), in each of the 5 evaluation windows.
-        assert removal.rows == "later copies (positions 21-40)" and removal.rows_read == 5 * 20
+        assert (
+            removal.rows == "the later copies' query rows (positions 21-40)" and removal.rows_read == 5 * 20
+        )
         assert removal.windows == 5
 
 
@@ -152,9 +154,26 @@ def test_the_parts_sum_to_the_models_own_scores(build):
     assert sum(shares(entry, "key").values()) == pytest.approx(1.0, abs=1e-6)
 
 
+def test_a_post_norm_encoder_decomposes_through_its_frozen_layernorms():
+    """BERT: each block's two LayerNorms (after the attention's residual add, after the MLP's), their
+    statistics frozen, are linear in every source below, so the parts still sum to the module's own
+    queries and keys; the projections live in the attention's ``.self``, and ``--verify`` removes a
+    source from ``self.key``'s input alone."""
+    bert = _tiny_fused(
+        "BertConfig", "BertModel", hidden_size=32, num_attention_heads=4, num_hidden_layers=3,
+        intermediate_size=48, max_position_embeddings=64,
+    )  # fmt: skip
+    found = hs.qk(bert, repeat_seq=2, seq_len=8, windows=5, rows=0, resamples=0, verify=1, controls=2)
+    assert found.qk.check["score_error"] < 1e-6 and found.qk.check["attention_error"] < 1e-5
+    entry = found.qk.head(2, 0)
+    assert {"embed", "L0H0", "L1H3", "mlp0", "mlp1", "bias"} <= {item["source"] for item in entry["key"]}
+    for side in ("key", "query"):
+        assert sum(shares(entry, side).values()) == pytest.approx(1.0, abs=1e-6)
+    (removal,) = found.checks[0].value.heads
+    assert removal.move > 0 and removal.rows_read > 0
+
+
 def test_families_without_a_decomposition_are_refused_before_any_pass():
-    with pytest.raises(Unsupported, match="post-norm"):
-        hs.qk(tiny_bert(), repeat_seq=2, seq_len=8, windows=2)
     falcon = _tiny_fused(
         "FalconConfig", "FalconForCausalLM", False, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         new_decoder_architecture=True, num_kv_heads=2,

@@ -866,7 +866,7 @@ class KeyRemoval:
     ci_low: float | None
     ci_high: float | None
     windows: int
-    rows: str = "every row read"  # the query rows the moves average over
+    rows: str = "every query row read"  # the query rows the moves average over
     rows_read: int = 0  # how many, over the evaluation windows
 
     def to_json(self) -> dict[str, Any]:
@@ -991,7 +991,9 @@ def _verify_head(
         _nan(float(low)),
         _nan(float(high)),
         move.shape[1],
-        "every row read" if span is None else f"later copies (positions {span[0]}-{span[1] - 1})",
+        "every query row read"
+        if span is None
+        else f"the later copies' query rows (positions {span[0]}-{span[1] - 1})",
         int(sum(int(kept[w].sum()) for w in windows)),
     )
 

@@ -102,9 +102,7 @@ def print_removals(removals: Any, console: Any) -> None:
     console.print(table)
     which = sorted({item.rows for item in removals.heads})
     if which:
-        console.print(
-            "attention moved: 1 - Σ min(A, A′), averaged over the " + "; ".join(which), highlight=False
-        )
+        console.print("attention moved: 1 - Σ min(A, A′), averaged over " + "; ".join(which), highlight=False)
 
 
 def html_section(found: Any) -> str:

@@ -168,7 +168,7 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
         if edit.layer not in attention:
             _refuse(edit, f"layer {edit.layer} has no attention", layers)
         module = projections.attention_module(anatomy.blocks(loaded.model)[edit.layer])
-        if not isinstance(getattr(module, "k_proj", None), torch.nn.Linear):
+        if projections.separate_qkv(module) is None:
             _refuse(
                 edit,
                 f"{type(module).__name__} has no separate key projection (k_proj)",
@@ -254,8 +254,10 @@ def _key_only(edit: KeyOnly, block: torch.nn.Module, live: Applied, hooks: Hooks
         changed = x - edit.removed(live.batch).to(device=x.device, dtype=x.dtype)
         return (norm(changed) if norm is not None else changed, *args[1:])
 
+    names = projections.separate_qkv(attention)
+    assert names is not None  # checked before the pass
     hooks.before(block, keep, with_kwargs=True)
-    hooks.before(attention.k_proj, replace)
+    hooks.before(attention.get_submodule(names[1]), replace)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -96,12 +97,8 @@ def refusal(loaded: Any) -> str | None:
             return "differential attention: a head's map is the difference of two softmaxes"
         if getattr(attention, "sinks", None) is not None:
             return "learned attention sinks join every softmax as a key no source writes"
-        if projections.input_norm(block) is None and anatomy.post_attention_norm(block) is None:
-            return (
-                "post-norm blocks (BERT and kin) renormalise the residual stream after every "
-                "sublayer, so it is not a sum of the sublayers' writes"
-            )
         try:
+            post_block_norms(block)
             qk_layout(attention, loaded.layout.n_heads)
         except Unsupported as exc:
             return str(exc)
@@ -125,7 +122,7 @@ class QKLayout:
         """``(W_Q [H*d, D], b_Q, W_K [KV*d, D], b_K)`` in float64."""
         out = []
         for name, rows in ((self.q_module, self.q_rows), (self.k_module, self.k_rows)):
-            proj = getattr(attention, name)
+            proj = attention.get_submodule(name)
             weight = projections._rows(proj).double()[rows]
             bias = projections._bias(proj)
             out += [weight, None if bias is None else bias.double()[rows]]
@@ -139,11 +136,13 @@ def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
     k slices; GPT-NeoX's and Persimmon's ``query_key_value``: per head q, k, v); any other layout
     is refused with its reason (Falcon's, whose attention does not go through the interface)."""
     name = type(attention).__name__
-    query, key = getattr(attention, "q_proj", None), getattr(attention, "k_proj", None)
-    if isinstance(query, nn.Linear) and isinstance(key, nn.Linear):
-        others = tuple(n for n in ("v_proj",) if isinstance(getattr(attention, n, None), nn.Module))
+    separate = projections.separate_qkv(attention)
+    if separate is not None:
+        q_name, k_name, v_name = separate
+        query, key = attention.get_submodule(q_name), attention.get_submodule(k_name)
+        others = (v_name,) if projections._submodule(attention, v_name) is not None else ()
         return QKLayout(
-            "q_proj", "k_proj", torch.arange(query.out_features), torch.arange(key.out_features), 0, others
+            q_name, k_name, torch.arange(query.out_features), torch.arange(key.out_features), 0, others
         )
     width = projections._rows(projections.output_module(attention)).shape[1]
     d = width // n_heads
@@ -176,6 +175,9 @@ def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
         return QKLayout(
             "query_key_value", "query_key_value", per_head.flatten(), (per_head + d).flatten(), 3 * width
         )
+    fused = getattr(attention, "Wqkv", None)
+    if projections._is_projection(fused) and name == "ModernBertAttention":  # q | k | v
+        return QKLayout("Wqkv", "Wqkv", torch.arange(width), width + torch.arange(width), 3 * width)
     if name == "FalconAttention":  # checked on transformers 5.24: SDPA or its own matmul, no interface
         raise Unsupported(
             f"{name} computes attention itself, not through transformers' attention interface, so "
@@ -199,6 +201,27 @@ class Recording:
     x: dict[int, torch.Tensor]
     attn: dict[int, tuple[torch.Tensor, dict[str, Any]]]
     heads: dict[int, torch.Tensor]
+    # Post-norm blocks (BERT and kin): the inputs ``[T, D]`` of block j's two norms, the one after
+    # the attention's residual add and the one after the MLP's.
+    norm_in: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def post_block_norms(block: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """A post-norm block's two norms in the order it runs them (BERT: the attention output's
+    LayerNorm after its residual add, then the MLP output's); None for a block with a norm before
+    its attention. A block with neither is refused: its residual stream is not read here."""
+    if projections.input_norm(block) is not None or anatomy.post_attention_norm(block) is not None:
+        return None
+    if any(isinstance(getattr(block, name, None), nn.Identity) for name in projections.PRE_NORM_NAMES):
+        return None  # a pre-norm block whose norm is the identity (ModernBERT's first)
+    found = [module for module in block.modules() if _is_norm(module)]
+    if len(found) != 2:
+        raise Unsupported(
+            f"{type(block).__name__} has no norm before its attention and {len(found)} norms in all; "
+            "qk reads pre-norm blocks and post-norm blocks with two norms (after the attention, "
+            "after the MLP)"
+        )
+    return found[0], found[1]
 
 
 def _row(value: Any, row: int, batch: int) -> Any:
@@ -228,13 +251,20 @@ class SourceWrites:
             for index, module in self.attention.items()
             if index < self.last
         }
+        self.post_blocks = {
+            index: pair
+            for index in range(self.last)
+            if (pair := post_block_norms(self.blocks[index])) is not None
+        }
         self.recorded: list[Recording] = []
         self._x: dict[int, torch.Tensor] = {}
         self._attn: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
         self._heads: dict[int, torch.Tensor] = {}
+        self._norm_in: dict[tuple[int, int], torch.Tensor] = {}
 
     def begin(self, batch: Batch) -> None:
         self._x, self._attn, self._heads, self.recorded = {}, {}, {}, []
+        self._norm_in = {}
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
@@ -259,6 +289,12 @@ class SourceWrites:
 
             return hook
 
+        def norm_hook(index: int, which: int) -> Callable[..., None]:
+            def hook(_module: Any, args: tuple) -> None:
+                self._norm_in[(index, which)] = args[0].detach().float().clone()
+
+            return hook
+
         with hooked() as hooks:
             for index in range(self.last + 1):
                 hooks.before(self.blocks[index], block_hook(index), with_kwargs=True)
@@ -266,6 +302,9 @@ class SourceWrites:
                 hooks.before(self.attention[index], attention_hook(index), with_kwargs=True)
             for index, module in self.outputs.items():
                 hooks.before(module, heads_hook(index))
+            for index, pair in self.post_blocks.items():
+                for which, norm in enumerate(pair):
+                    hooks.before(norm, norm_hook(index, which))
             yield
 
     def current(self, row: int) -> Recording:
@@ -279,16 +318,22 @@ class SourceWrites:
                 for i, (h, kw) in self._attn.items()
             },
             {i: h[row] for i, h in self._heads.items()},
+            {
+                i: (self._norm_in[(i, 0)][row], self._norm_in[(i, 1)][row])
+                for i in self.post_blocks
+                if (i, 0) in self._norm_in and (i, 1) in self._norm_in
+            },
         )
 
     def finish(self) -> None:
         missing = [i for i in range(self.last + 1) if i not in self._x]
         missing += [i for i in self.layers if i not in self._attn]
+        missing += [i for i in self.post_blocks if (i, 1) not in self._norm_in]
         if missing:
             raise RunFailure(f"qk: blocks {sorted(set(missing))} were not seen in the forward pass")
         rows = self._x[0].shape[0]
         self.recorded = [self.current(b) for b in range(rows)]
-        self._x, self._attn, self._heads = {}, {}, {}
+        self._x, self._attn, self._heads, self._norm_in = {}, {}, {}, {}
 
 
 # --- the attention module's own code after the projections ----------------------------------------
@@ -441,6 +486,17 @@ class Post:
 
     def __init__(self, attention: nn.Module, layout: QKLayout) -> None:
         _register()
+        inner, _, _ = layout.q_module.rpartition(".")
+        if inner and inner == layout.k_module.rpartition(".")[0]:
+            # The projections live in a submodule that does the attention (BERT's ``.self``; its
+            # parent adds the output projection and the norm after the residual add): run that one.
+            attention = attention.get_submodule(inner)
+            layout = dataclasses.replace(
+                layout,
+                q_module=layout.q_module[len(inner) + 1 :],
+                k_module=layout.k_module[len(inner) + 1 :],
+                others=tuple(o[len(inner) + 1 :] for o in layout.others if o.startswith(inner + ".")),
+            )
         if not hasattr(attention, "config"):
             raise Unsupported(
                 f"qk: {type(attention).__name__} computes attention itself, without transformers' "
@@ -458,13 +514,13 @@ class Post:
         # (checked against the whole call on the actual input in record); a fused one always whole.
         self.fast: bool = not layout.fused_width
         if layout.fused_width:
-            setattr(module, layout.q_module, _Fused(layout))
+            _replace(module, layout.q_module, _Fused(layout))
         else:
-            module.q_proj = _Slice(self.widths, "q")
-            module.k_proj = _Slice(self.widths, "k")
+            _replace(module, layout.q_module, _Slice(self.widths, "q"))
+            _replace(module, layout.k_module, _Slice(self.widths, "k"))
             for other in layout.others:
-                width = projections._rows(getattr(attention, other)).shape[0]
-                setattr(module, other, _Slice(self.widths, "v", zeros=width))
+                width = projections._rows(attention.get_submodule(other)).shape[0]
+                _replace(module, other, _Slice(self.widths, "v", zeros=width))
         # Every norm inside the module (q/k norms, also per-head ModuleLists of them, as StableLM's)
         # is frozen at its statistic of the actual input.
         self.norms: list[_FrozenModule] = []
@@ -559,6 +615,12 @@ class Post:
         return taken
 
 
+def _replace(module: nn.Module, path: str, new: nn.Module) -> None:
+    """Set the submodule at ``path`` (``q_proj``, ``self.query``) to ``new``."""
+    parent, _, attribute = path.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, attribute, new)
+
+
 def _is_norm(module: nn.Module) -> bool:
     """A norm with a gain (RMSNorm, LayerNorm), or a weightless one (Llama 4's L2 norm of q and k)."""
     if anatomy.is_norm(module):
@@ -637,6 +699,15 @@ class Decomposer:
         }
         self.post_norms = post_norms(loaded, layers)
         self.multiplier = anatomy.residual_multiplier(model.config)
+        # Post-norm blocks below: both norms, read as LayerNorms with each token's statistic frozen.
+        self.post_blocks = {
+            j: (
+                FrozenNorm.of(pair[0], f"norm after the attention of block {j}"),
+                FrozenNorm.of(pair[1], f"norm after the MLP of block {j}"),
+            )
+            for j in range(layer)
+            if (pair := post_block_norms(blocks[j])) is not None
+        }
 
     # the residual sources, as [T, D] float64 writes
     def writes(self, recording: Recording) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -646,6 +717,9 @@ class Decomposer:
         out = [x[0]]
         bias = torch.zeros_like(x[0])
         for j in range(self.layer):
+            if j in self.post_blocks:
+                out, bias = self._post_block(j, recording, out, bias)
+                continue
             if j in self.w_o:
                 w_o, b_o = self.w_o[j]
                 heads = recording.heads[j].double()
@@ -664,6 +738,52 @@ class Decomposer:
                 attention_write = torch.zeros_like(x[0])
             out.append(x[j + 1] - x[j] - attention_write)
         return out, bias
+
+    def _heads_write(self, j: int, recording: Recording) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block j's heads' writes ``[T, H, D]`` through their slices of ``W_O``, and the output bias."""
+        w_o, b_o = self.w_o[j]
+        heads = recording.heads[j].double()
+        heads = heads.reshape(heads.shape[0], w_o.shape[0], -1)  # [T, H, dv]
+        each = torch.einsum("thd,hde->the", heads, w_o.double().to(heads.device))
+        b = (
+            b_o.detach().double().to(heads.device).expand(heads.shape[0], -1)
+            if b_o is not None
+            else torch.zeros(heads.shape[0], each.shape[-1], dtype=torch.float64, device=heads.device)
+        )
+        return each, b
+
+    def _post_block(
+        self, j: int, recording: Recording, out: list[torch.Tensor], bias: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A post-norm block (BERT and kin): ``y1 = x + attention``, ``h = norm1(y1)``, ``y2 = h +
+        MLP(h)``, output ``norm2(y2)``. Each norm, its statistic frozen at the token's actual value,
+        is linear in every source (the LayerNorm's centring and gain over the statistic; its bias
+        joins ``bias``), so the sources stay a sum: the heads' writes join them before the first
+        norm, the MLP's (``y2 - h``, what it adds) before the second. Both norms' inputs are the
+        ones the model computed, and the sum is checked against the first's."""
+        first, second = self.post_blocks[j]
+        y1, y2 = (t.double() for t in recording.norm_in[j])
+        if j in self.w_o:
+            each, b = self._heads_write(j, recording)
+            out = [*out, *each.unbind(1)]
+            bias = bias + b
+        else:
+            out = [*out]
+        total = bias + torch.stack(out).sum(0)
+        error = float((total - y1).abs().max() / y1.abs().max().clamp(min=1e-30))
+        if error > 1e-4:
+            raise Unsupported(
+                f"qk: block {j}'s first norm does not read its input plus its attention's output "
+                f"(relative error {error:.1e}): not a post-norm block qk can read"
+            )
+        scale = first.scale(y1)
+        out = [first.linear(w, scale) for w in out]
+        bias = first.linear(bias, scale) + first.bias.to(bias.device)
+        out.append(y2 - first.apply(y1))  # what the MLP adds
+        scale = second.scale(y2)
+        return [second.linear(w, scale) for w in out], second.linear(bias, scale) + second.bias.to(
+            bias.device
+        )
 
     def _normed(self, parts: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         if self.norm is None:

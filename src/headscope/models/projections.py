@@ -64,6 +64,13 @@ PRE_SELF_ATTN_LAYER_NORM = frozenset({"XGLMDecoderLayer"})
 OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "Wo")
 # Separate value projections: Llama and kin, BERT-style (inside ``.self``), DistilBERT.
 VALUE_NAMES = ("v_proj", "value", "v_lin")
+# Separate query, key and value projections, as paths inside the attention module: Llama and kin,
+# BERT and kin (inside ``.self``), DistilBERT.
+SEPARATE_QKV = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("self.query", "self.key", "self.value"),
+    ("q_lin", "k_lin", "v_lin"),
+)
 DIFFERENTIAL_REASON = (
     "differential attention: a head's output is the difference of two softmax maps, normalised per "
     "head (subln); a single-head OV circuit is not the module's computation"
@@ -119,6 +126,23 @@ def input_norm(block: nn.Module) -> nn.Module | None:
             f"{type(block).__name__}: cannot tell whether {', '.join(unknown)} precede attention"
         )
     return None
+
+
+def separate_qkv(attention: nn.Module) -> tuple[str, str, str] | None:
+    """The paths of the attention module's separate query, key and value projections (the value's
+    may be absent), or None where they are fused (or not plain linear layers)."""
+    for names in SEPARATE_QKV:
+        query, key = (_submodule(attention, name) for name in names[:2])
+        if isinstance(query, nn.Linear) and isinstance(key, nn.Linear):
+            return names
+    return None
+
+
+def _submodule(module: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def output_module(attention: nn.Module) -> nn.Module:
