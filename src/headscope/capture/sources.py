@@ -12,7 +12,9 @@ The residual stream entering block ``l`` of a pre-norm transformer is a sum of *
 
 With each token's normalisation statistic frozen at its actual value (the pre-attention norm, and the
 per-head q/k norms of Gemma 3, OLMo 2 and Qwen 3), the map from a source to its part of a query or a
-key is linear; RoPE is linear at each position. So the pre-softmax score of a head is exactly a sum
+key is linear; RoPE is linear at each position. In a post-norm block (BERT and kin) the stream is
+renormalised after each sublayer; each such norm, its statistic frozen, is linear too, so every
+source below it is carried through it (:meth:`Decomposer._post_block`) and the sum still holds. So the pre-softmax score of a head is exactly a sum
 over (query source, key source) pairs: ``s(q, k) = Σ_a Σ_b q_a(q) · k_b(k) · scaling``.
 
 The query/key projections are applied here as matrices (``q_proj``/``k_proj`` weights), and what
