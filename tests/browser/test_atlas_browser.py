@@ -218,3 +218,5 @@ def test_a_hash_opens_a_head_of_the_second_model_and_the_keyboard_reaches_its_gr
     _beside(tab, "a", 0, 1).focus()
     tab.keyboard.press("Enter")
     assert panel.get_attribute("data-side") == "a" and tab.evaluate("location.hash") == "#L0H1"
+    tab.keyboard.press("Escape")  # focus is still on the drawn cell
+    assert panel.is_hidden()

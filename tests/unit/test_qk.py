@@ -173,6 +173,11 @@ def test_a_post_norm_encoder_decomposes_through_its_frozen_layernorms():
     assert removal.move > 0 and removal.rows_read > 0
 
 
+def test_verify_on_a_fused_projection_is_refused_before_any_pass():
+    with pytest.raises(InputError, match="no separate key projection"):
+        hs.qk(tiny_bigcode(True), repeat_seq=2, seq_len=8, windows=2, verify=1)
+
+
 def test_families_without_a_decomposition_are_refused_before_any_pass():
     falcon = _tiny_fused(
         "FalconConfig", "FalconForCausalLM", False, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -30,6 +30,7 @@ import torch
 
 from headscope import capture
 from headscope.capture import Attention, Pass
+from headscope.capture.dla import attention_layers
 from headscope.capture.edits import KeyOnly
 from headscope.capture.sources import Decomposer, Source, SourceWrites, refusal, source_names
 from headscope.detectors import create as create_detectors
@@ -52,6 +53,7 @@ from headscope.extend.protocol import (
     register,
     split_names,
 )
+from headscope.models import anatomy, projections
 from headscope.verdicts.results import CSV_COLUMNS, HIDDEN_COLUMNS, head_table
 from headscope.verdicts.roles import assign_roles, head_roles
 from headscope.verdicts.stats import MIN_EXAMPLES, bootstrap_ratio
@@ -1081,6 +1083,18 @@ class QK(Analysis):
             available = len(heads) if heads is not None else layout.n_layers * layout.n_heads
             if options.verify > available:
                 raise InputError(f"--verify {options.verify}: only {available} heads are explained")
+            blocks = anatomy.blocks(loaded.model)
+            fused = [
+                i
+                for i in attention_layers(loaded)
+                if projections.separate_qkv(projections.attention_module(blocks[i])) is None
+            ]
+            if fused:
+                raise InputError(
+                    f"--verify: {loaded.name}'s attention has no separate key projection (a fused "
+                    "query/key/value projection cannot be edited on the key side alone)",
+                    hint="drop --verify",
+                )
         if options.repeat_seq:
             length = options.seq_len * options.repeat_seq + 1
             check_context(loaded, length, f"--seq-len {options.seq_len} x --repeat-seq {options.repeat_seq}")

@@ -100,7 +100,12 @@ def refusal(loaded: Any) -> str | None:
         if getattr(attention, "sinks", None) is not None:
             return "learned attention sinks join every softmax as a key no source writes"
         try:
-            post_block_norms(block)
+            post = post_block_norms(block)
+            if post is not None and getattr(config, "chunk_size_feed_forward", 0):
+                return (
+                    "the feed-forward runs in chunks (chunk_size_feed_forward), so its norm runs once "
+                    "per chunk; load the model with chunk_size_feed_forward=0"
+                )
             qk_layout(attention, loaded.layout.n_heads)
         except Unsupported as exc:
             return str(exc)
@@ -330,7 +335,7 @@ class SourceWrites:
     def finish(self) -> None:
         missing = [i for i in range(self.last + 1) if i not in self._x]
         missing += [i for i in self.layers if i not in self._attn]
-        missing += [i for i in self.post_blocks if (i, 1) not in self._norm_in]
+        missing += [i for i in self.post_blocks if (i, 0) not in self._norm_in or (i, 1) not in self._norm_in]
         if missing:
             raise RunFailure(f"qk: blocks {sorted(set(missing))} were not seen in the forward pass")
         rows = self._x[0].shape[0]

@@ -1228,6 +1228,11 @@
   });
   document.addEventListener("keydown", function (ev) {
     var cell = ev.target && ev.target.closest ? ev.target.closest("[data-testid=beside-cell]") : null;
+    if (cell && ev.key === "Escape" && panel && !panel.hidden) {
+      ev.preventDefault();
+      closePanel();
+      return;
+    }
     if (!cell || (ev.key !== "Enter" && ev.key !== " ")) return;
     ev.preventDefault();
     openBesideCell(cell);
