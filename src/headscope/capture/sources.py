@@ -728,15 +728,7 @@ class Decomposer:
                 out, bias = self._post_block(j, recording, out, bias)
                 continue
             if j in self.w_o:
-                w_o, b_o = self.w_o[j]
-                heads = recording.heads[j].double()
-                heads = heads.reshape(heads.shape[0], w_o.shape[0], -1)  # [T, H, dv]
-                each = torch.einsum("thd,hde->the", heads, w_o.double().to(heads.device))
-                b = (
-                    b_o.detach().double().to(heads.device).expand(heads.shape[0], -1)
-                    if b_o is not None
-                    else torch.zeros_like(x[0])
-                )
+                each, b = self._heads_write(j, recording)
                 each, b = residual_parts(each, b, self.post_norms.get(j), self.multiplier)
                 out += list(each.unbind(1))
                 bias = bias + b
