@@ -308,6 +308,9 @@ class Report:
     # Per analysis that ran: max |selective - full maps| over its table's numbers (inf when the
     # tables or roles differ in shape or labels). Query-selective capture against every row exact.
     selective_full: dict[str, float] = field(default_factory=dict)
+    # Where qk ran: max |share - the projection oracle's share| over every head, side and source
+    # (qk's shares come from one pull-back per head; the oracle projects every source).
+    qk_oracle: float | None = None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -623,6 +626,7 @@ def report(family: str) -> Report:
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
         analyses = {name: run_analysis(model, tok, family, name) for name in ANALYSES}
         selective_full = selective_vs_full(model, tok, analyses)
+        oracle_gap = qk_oracle_gap(model, tok, analyses["qk"])
     for outcome in analyses.values():
         outcome.kept = None  # the report is cached for the session: the results are not needed again
     return Report(
@@ -635,7 +639,27 @@ def report(family: str) -> Report:
         analyses=analyses,
         checks=run_checks(model, tok, family),
         selective_full=selective_full,
+        qk_oracle=oracle_gap,
     )
+
+
+def qk_oracle_gap(model: Any, tok: Any, outcome: Outcome) -> float | None:
+    """Where qk ran: the largest difference of its shares (and their intervals) from the projection
+    path's on the same windows (every source projected through the queries and keys: the oracle)."""
+    import headscope as hs
+    from headscope.analyses import qk
+
+    if outcome.kept is None:
+        return None
+    result, _ = outcome.kept
+    loaded = hs.load(model, tok)
+    options = qk.QKOptions(**_options()["qk"])
+    prepared = qk.QK().check(options)
+    fit, held, data, _ = qk._windows(loaded, options, prepared)
+    oracle, _ = qk.explain(
+        loaded, fit, held, data, None, rows=None, n_resamples=0, repeated=True, oracle=True
+    )
+    return qk.shares_gap(result.qk, oracle)
 
 
 # --- the Markdown table --------------------------------------------------------------------------

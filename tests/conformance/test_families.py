@@ -100,6 +100,18 @@ def test_decomposition_checks(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_qk_pullback_equals_the_projection_oracle(family):
+    """qk's shares come from one pull-back per head and side; projecting every source through the
+    queries and keys (the path it replaced) gives the same shares to 1e-6 on every family it runs on."""
+    rep = F.report(family)
+    if rep.analyses["qk"].outcome != "ran":
+        pytest.skip(f"{family}: qk does not run")
+    assert rep.qk_oracle is not None and rep.qk_oracle <= 1e-6, (
+        f"{family}: pull-back vs oracle {rep.qk_oracle}"
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_every_analysis_runs_or_refuses_cleanly(family):
     rep = F.report(family)
     expected = F.expected_analyses(family)

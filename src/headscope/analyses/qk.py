@@ -213,8 +213,10 @@ class Split:
         decomposers: dict[int, Decomposer],
         tops: dict[tuple[int, int], tuple[list[int], list[int]]] | None,
         detectors: list[Any],
+        oracle: bool = False,
     ) -> None:
         self.loaded = loaded
+        self.oracle = oracle  # every source projected (tests: the pull-back's oracle)
         self.heads = heads
         self.sample = sample
         self.recorder = recorder
@@ -234,6 +236,7 @@ class Split:
                     self.sums[key].top_key, self.sums[key].top_query = top_key, top_query
         self.score_error = 0.0
         self.attention_error = 0.0
+        self.advance: Any = None  # progress: one step per layer decomposed
         self._rows: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
     def on_layer(self, layer: int, weights: torch.Tensor, batch: Any, q_start: int) -> None:
@@ -256,6 +259,8 @@ class Split:
             length = int(batch.attention_mask[row].sum())
             ids = batch.input_ids[row, :length].tolist()
             self._decompose(layer, self.recorder.current(row), chunks, read[row, :length], row, length, ids)
+        if self.advance is not None:
+            self.advance(batch.input_ids.shape[0])
 
     def _gather(
         self, chunks: list[Any], read: torch.Tensor, row: int, length: int, n_heads: int
@@ -299,63 +304,102 @@ class Split:
         decomposer = self.decomposers[layer]
         n_vis = visible.sum(-1, keepdim=True).clamp(min=1).double()
         centred = weights[chosen] - visible.double()[None] / n_vis[None]  # [h, R, T]
-        evaluation = self.tops is not None
-        state: dict[str, Any] = {}
-        q_total = k_total = None
-        key_num = query_num = None
-        for parts, indices, q, k, q_mean, k_mean in decomposer.decompose(recording, rows):
-            if not state:
-                query = parts.query[chosen]  # [h, R, d]
-                key = parts.key[groups]  # [h, T, d]
-                scaling = parts.scaling
-                self._check_attention(query, key, scaling, weights[chosen], visible)
-                kbar = torch.einsum("hrt,htd->hrd", centred, key)
-                state = {"query": query, "key": key, "kbar": kbar, "scaling": scaling, "parts": parts}
-                count = len(parts.sources)
-                key_num = torch.zeros(len(heads), count, dtype=torch.float64)
-                query_num = torch.zeros(len(heads), count, dtype=torch.float64)
-                q_total = torch.zeros_like(parts.query)
-                k_total = torch.zeros_like(parts.key)
-                if evaluation:
-                    state["dq_all"] = torch.zeros_like(query)
-                    state["dk_all"] = torch.zeros_like(key)
-                    state["dq"], state["dk"], state["q_top"], state["kbar_top"] = {}, {}, {}, {}
-                    state["k_top"] = {}
-            q_total = q_total + q.sum(0)
-            k_total = k_total + k.sum(0)
-            q_chosen = q[:, chosen]  # [c, h, R, d]
-            k_chosen = k[:, groups]  # [c, h, T, d]
-            kbar_c = torch.einsum("hrt,chtd->chrd", centred, k_chosen)
-            index = torch.tensor(indices)
-            key_num[:, index] = (scaling * (state["query"][None] * kbar_c).sum(-1)).sum(-1).T
-            query_num[:, index] = (scaling * (q_chosen * state["kbar"][None]).sum(-1)).sum(-1).T
-            if evaluation:
-                dq = q_chosen - q_mean[:, chosen]
-                dk = k_chosen - k_mean[:, groups]
-                state["dq_all"] += dq.sum(0)
-                state["dk_all"] += dk.sum(0)
-                for slot, source in enumerate(indices):
-                    for i, h in enumerate(heads):
-                        sums = self.sums[(layer, h)]
-                        if source in sums.top_query:
-                            state["dq"][(i, source)] = dq[slot, i]
-                            state["q_top"][(i, source)] = q_chosen[slot, i]
-                        if source in sums.top_key:
-                            state["dk"][(i, source)] = dk[slot, i]
-                            state["kbar_top"][(i, source)] = kbar_c[slot, i]
-                            state["k_top"][(i, source)] = k_chosen[slot, i]
-        parts = state["parts"]
-        self._check_sum(layer, q_total, parts.query, k_total, parts.key)
-        margin = (scaling * (state["query"] * state["kbar"]).sum(-1)).sum(-1)  # [h]
+        parts = decomposer.actual(recording, rows)
+        query = parts.query[chosen]  # [h, R, d]
+        key = parts.key[groups]  # [h, T, d]
+        scaling = parts.scaling
+        self._check_attention(query, key, scaling, weights[chosen], visible)
+        kbar = torch.einsum("hrt,htd->hrd", centred, key)
+        margin = (scaling * (query * kbar).sum(-1)).sum(-1)  # [h]
+        if self.oracle:
+            key_num, query_num = self._projected(
+                decomposer, recording, rows, chosen, groups, centred, query, kbar
+            )
+        else:
+            key_num, query_num, _ = decomposer.numerators(recording, parts, heads, centred)
+            self._check_sum(layer, key_num, query_num, margin)
+        state: dict[str, Any] = {"query": query, "key": key, "kbar": kbar, "scaling": scaling}
+        if self.tops is not None:
+            self._top_parts(state, decomposer, recording, parts, heads, centred)
         for i, h in enumerate(heads):
             sums = self.sums[(layer, h)]
             sums.margin.append(float(margin[i]))
             sums.key.append(key_num[i].numpy())
             sums.query.append(query_num[i].numpy())
             sums.rows.append(len(rows))
-            if evaluation:
+            if self.tops is not None:
                 self._evaluate(sums, i, state, weights[h], visible)
                 self._example(sums, i, state, weights[h], visible, rows, ids)
+
+    def _top_parts(
+        self,
+        state: dict[str, Any],
+        decomposer: Decomposer,
+        recording: Any,
+        parts: Any,
+        heads: list[int],
+        centred: torch.Tensor,
+    ) -> None:
+        """The parts the evaluation split reads of each head's top sources only (the top pairs, the
+        reconstruction, the example query), and every source at its mean in one call."""
+        layer = parts.layer
+        group = parts.query.shape[0] // parts.key.shape[0]
+        chosen = torch.tensor(heads)
+        groups = chosen // group
+        wanted = sorted(
+            {s for h in heads for s in (*self.sums[(layer, h)].top_query, *self.sums[(layer, h)].top_key)}
+        )
+        q, k, q_mean, k_mean = decomposer.selected(recording, parts.rows, wanted)
+        base_q, base_k = decomposer.mean_base(recording, parts.rows)
+        state["dq_all"] = state["query"] - base_q[chosen]
+        state["dk_all"] = state["key"] - base_k[groups]
+        state["dq"], state["dk"], state["q_top"], state["kbar_top"], state["k_top"] = {}, {}, {}, {}, {}
+        for slot, source in enumerate(wanted):
+            for i, h in enumerate(heads):
+                sums = self.sums[(layer, h)]
+                if source in sums.top_query:
+                    state["q_top"][(i, source)] = q[slot, h]
+                    state["dq"][(i, source)] = q[slot, h] - q_mean[slot, h]
+                if source in sums.top_key:
+                    k_part = k[slot, int(groups[i])]
+                    state["k_top"][(i, source)] = k_part
+                    state["dk"][(i, source)] = k_part - k_mean[slot, int(groups[i])]
+                    state["kbar_top"][(i, source)] = centred[i] @ k_part
+
+    def _projected(
+        self,
+        decomposer: Decomposer,
+        recording: Any,
+        rows: torch.Tensor,
+        chosen: torch.Tensor,
+        groups: torch.Tensor,
+        centred: torch.Tensor,
+        query: torch.Tensor,
+        kbar: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The oracle of :meth:`Decomposer.numerators` (tests): every source projected through the
+        queries and keys, and its parts' sums checked against the actual queries and keys."""
+        key_num = query_num = q_total = k_total = None
+        parts = None
+        for parts, indices, q, k, _, _ in decomposer.decompose(recording, rows):
+            if key_num is None:
+                count = len(parts.sources)
+                key_num = torch.zeros(len(chosen), count, dtype=torch.float64)
+                query_num = torch.zeros_like(key_num)
+                q_total, k_total = torch.zeros_like(parts.query), torch.zeros_like(parts.key)
+            q_total = q_total + q.sum(0)
+            k_total = k_total + k.sum(0)
+            kbar_c = torch.einsum("hrt,chtd->chrd", centred, k[:, groups])
+            index = torch.tensor(indices)
+            key_num[:, index] = (parts.scaling * (query[None] * kbar_c).sum(-1)).sum(-1).T
+            query_num[:, index] = (parts.scaling * (q[:, chosen] * kbar[None]).sum(-1)).sum(-1).T
+        assert parts is not None and key_num is not None and query_num is not None
+        error = max(
+            float((q_total - parts.query).abs().max() / parts.query.abs().max().clamp(min=1e-30)),
+            float((k_total - parts.key).abs().max() / parts.key.abs().max().clamp(min=1e-30)),
+        )
+        self.score_error = max(self.score_error, error)
+        return key_num, query_num
 
     def _example(
         self,
@@ -445,17 +489,19 @@ class Split:
                 hint="report the family to headscope",
             )
 
-    def _check_sum(self, layer: int, q_sum: Any, q: Any, k_sum: Any, k: Any) -> None:
-        # The scores are bilinear in (query, key): parts that sum to the query and to the key give
-        # pair scores that sum to the score. Relative to the largest entry of each.
-        error = max(
-            float((q_sum - q).abs().max() / q.abs().max().clamp(min=1e-30)),
-            float((k_sum - k).abs().max() / k.abs().max().clamp(min=1e-30)),
-        )
+    def _check_sum(
+        self, layer: int, key_num: torch.Tensor, query_num: torch.Tensor, margin: torch.Tensor
+    ) -> None:
+        # The parts are linear in the sources (frozen norms): on each side they sum to the margin.
+        # Relative to the largest of the parts and the margin.
+        error = 0.0
+        for num in (key_num, query_num):
+            scale = torch.maximum(num.abs().sum(-1), margin.abs()).clamp(min=1e-300)
+            error = max(error, float(((num.sum(-1) - margin).abs() / scale).max()))
         self.score_error = max(self.score_error, error)
         if error > SCORE_TOLERANCE:
             raise Unsupported(
-                f"qk: {self.loaded.name} layer {layer}: the sources' parts sum to the queries and keys "
+                f"qk: {self.loaded.name} layer {layer}: the sources' parts sum to the heads' margins "
                 f"only to {error:.1e} relative (needs {SCORE_TOLERANCE:g})",
                 hint="report the family to headscope",
             )
@@ -471,23 +517,23 @@ def _run_split(
     detectors: list[Any],
     progress: Any,
     label: str,
+    oracle: bool = False,
 ) -> Split:
     recorder = SourceWrites(loaded, list(heads))
-    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors)
+    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors, oracle)
     for detector in detectors:
         detector.start(loaded.layout, len(pairs))
     batches = model_batches(loaded, [p[0] for p in pairs], [p[1] for p in pairs], 1)
     stop = recorder.last if loaded.capture_mode == "stream" else None
-    advance = progress(label, len(batches)) if progress is not None else None
-
-    def done(_batch: Any) -> None:
-        if advance is not None:
-            advance(1)
-
+    # By layer decomposed, window by window: a deep model's window is minutes, and the bar's time
+    # left is only as good as its steps are even.
+    if progress is not None:
+        split.advance = progress(
+            f"{label} ({len(batches)} windows x {len(heads)} layers)", len(batches) * len(heads)
+        )
     spec = Pass(
         reads=[recorder, Attention(split.on_layer, rows=sample, on_layer_done=split.on_layer_done)],
         stop_after=stop,
-        on_batch_done=done,
     )
     capture.run(loaded, batches, spec)
     return split
@@ -787,6 +833,7 @@ def explain(
     n_resamples: int = 1000,
     repeated: bool = False,
     progress: Any = None,
+    oracle: bool = False,
 ) -> tuple[QKResult, dict[str, Any]]:
     """The decomposition of ``chosen`` heads (None: every head) on windows given as (ids, special)
     pairs: ``fit_pairs`` rank each head's sources, ``eval_pairs`` measure everything reported
@@ -801,7 +848,7 @@ def explain(
     _check_memory(loaded, max(len(p[0]) for p in fit_pairs + eval_pairs), max(heads))
     decomposers = {layer: Decomposer(loaded, layer) for layer in heads}
     fit = _run_split(
-        loaded, fit_pairs, heads, decomposers, RowSample(rows, seed, 0), None, [], progress, "qk: fit"
+        loaded, fit_pairs, heads, decomposers, RowSample(rows, seed, 0), None, [], progress, "qk: fit", oracle
     )
     tops = _tops(fit)
     if repeated:
@@ -810,7 +857,7 @@ def explain(
         detectors = detectors_for("text", None)
     sample = RowSample(rows, seed, 1)
     evaluation = _run_split(
-        loaded, eval_pairs, heads, decomposers, sample, tops, detectors, progress, "qk: evaluate"
+        loaded, eval_pairs, heads, decomposers, sample, tops, detectors, progress, "qk: evaluate", oracle
     )
     roles = _roles(loaded, detectors, n_resamples, seed)
     composition, note = _composition(loaded, chosen)
@@ -1142,3 +1189,29 @@ class QK(Analysis):
 
         found = result.qk
         return None if found is None else html_section(found)
+
+
+def shares_gap(a: QKResult, b: QKResult) -> float:
+    """The largest difference between two results' shares, their intervals, reconstructions and
+    top pairs, head by head (inf where they list other heads or sources): how tests hold the
+    pull-back to the projection path."""
+    if [(e["layer"], e["head"]) for e in a.heads] != [(e["layer"], e["head"]) for e in b.heads]:
+        return math.inf
+    gap = 0.0
+    for x, y in zip(a.heads, b.heads, strict=True):
+        for side in SIDES:
+            theirs = {item["source"]: item for item in y[side]}
+            if set(theirs) != {item["source"] for item in x[side]}:
+                return math.inf
+            for item in x[side]:
+                other = theirs[item["source"]]
+                for name in ("share", "ci_low", "ci_high"):
+                    if (item[name] is None) != (other[name] is None):
+                        return math.inf
+                    if item[name] is not None:
+                        gap = max(gap, abs(item[name] - other[name]))
+        for mine, their in zip(x.get("reconstructed", []), y.get("reconstructed", []), strict=True):
+            gap = max(gap, abs(mine["explained"] - their["explained"]))
+        for mine, their in zip(x.get("pairs", []), y.get("pairs", []), strict=True):
+            gap = max(gap, abs(mine["share"] - their["share"]))
+    return gap

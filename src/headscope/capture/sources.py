@@ -539,6 +539,8 @@ class Post:
             frozen = _FrozenModule(_frozen_norm(child, f"{name} of {type(attention).__name__}"))
             setattr(parent, attribute, frozen)
             self.norms.append(frozen)
+        for parameter in module.parameters():
+            parameter.requires_grad_(False)  # the pull-back differentiates the inputs only
         self.module = module
         self.kwargs: dict[str, Any] = {}
 
@@ -559,6 +561,8 @@ class Post:
         taken = self._run(projected)
         for norm in self.norms:
             norm.recording = False
+            norm.scales = [_plain(scale) for scale in norm.scales]
+        self.kwargs = _plain(self.kwargs)
         if taken.extra:
             raise Unsupported(f"qk: the attention function was given {' and '.join(taken.extra)}")
         assert taken.query is not None and taken.key is not None and taken.scaling is not None
@@ -651,6 +655,21 @@ def _frozen_norm(module: nn.Module, what: str) -> FrozenNorm:
     if not torch.allclose(actual, found.apply(probe), rtol=1e-3, atol=1e-3):
         raise Unsupported(f"qk: the {what} ({type(module).__name__}) is not an RMS norm")
     return found
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with its tensors copied out of inference mode (a pass records under
+    ``torch.inference_mode``; the pull-back saves them for its backward)."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_inference():
+            return value
+        with torch.inference_mode(False):
+            return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _double(value: Any) -> Any:
@@ -789,6 +808,203 @@ class Decomposer:
             return parts
         assert scale is not None
         return self.norm.linear(parts, scale)
+
+    # --- the actual queries and keys, and each source's part by pull-back ---------------------------
+
+    def actual(self, recording: Recording, rows: torch.Tensor) -> LayerParts:
+        """The actual queries at ``rows`` and keys of one recorded window, from the module's own
+        code on the recorded attention input (this also freezes the q/k norms' statistics for the
+        window: call it first)."""
+        actual_in, kwargs = recording.attn[self.layer]
+        query, key, scaling = self.post.record(
+            self._project(actual_in.double()[None], None)[0:1], kwargs, rows
+        )
+        return LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
+
+    def numerators(
+        self,
+        recording: Recording,
+        parts: LayerParts,
+        heads: Sequence[int],
+        centred: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each source's part of the margin of each head in ``heads``, on the key side (queries held
+        at their total) and on the query side (keys held at theirs): ``(key [h, S], query [h, S],
+        margin [h])``, float64. ``centred [h, R, T]`` is each head's attention minus the uniform
+        over the keys it sees, at the rows read.
+
+        A source's part is linear in its write once the norms' statistics are frozen, so it is
+        ``Σ_t x_b(t) · r(t)``: ``r`` is the pull-back of the head's cotangent (for the keys,
+        ``g(t) = scaling Σ_q centred(q, t) query(q)``) through the module's own code after the
+        projections (one backward for every head and side), the projection and the input norm. No
+        source is projected; the bias source, affine, is run once, and the parts are checked to sum
+        to the margin."""
+        chosen = torch.tensor(list(heads))
+        group = parts.query.shape[0] // parts.key.shape[0]
+        groups = chosen // group
+        query = parts.query[chosen]  # [h, R, d]
+        key = parts.key[groups]  # [h, T, d]
+        scaling = parts.scaling
+        kbar = torch.einsum("hrt,htd->hrd", centred, key)
+        margin = scaling * (query * kbar).sum((-1, -2))
+        n, rows = len(heads), parts.rows
+        length = parts.key.shape[1]
+        g_key = torch.zeros(n, *parts.key.shape, dtype=torch.float64)
+        g_query = torch.zeros(n, *parts.query.shape, dtype=torch.float64)
+        index = torch.arange(n)
+        g_key[index, groups] = scaling * torch.einsum("hrt,hrd->htd", centred, query)
+        g_query[index, chosen] = scaling * kbar
+        width = self.w_q.shape[0] + self.w_k.shape[0]
+        with torch.inference_mode(False), torch.enable_grad():
+            inputs = torch.zeros(2 * n, length, width, dtype=torch.float64, requires_grad=True)
+            q, k = self.post(inputs, _plain(rows))
+            total = (k[:n] * _plain(g_key)).sum() + (q[n:] * _plain(g_query)).sum()
+            (grad,) = torch.autograd.grad(total, inputs)
+        weight = torch.cat([self.w_q, self.w_k])  # [w, D]
+        r_key = self._pulled(grad[:n], weight, None)  # [h, T, D]
+        r_query = self._pulled(grad[n:, rows], weight, rows)  # [h, R, D]
+        x = recording.x[self.layer].double()
+        scale = self.norm.scale(x) if self.norm is not None else None
+        if scale is not None:
+            assert self.norm is not None
+            r_key = self.norm.fold(r_key) / scale[None, :, None]
+            r_query = self.norm.fold(r_query) / scale[None, rows, None]
+        key_num = torch.zeros(n, len(self.sources), dtype=torch.float64)
+        query_num = torch.zeros_like(key_num)
+        flat_key, flat_query = r_key.reshape(n, -1), r_query.reshape(n, -1)
+        bias = torch.zeros_like(x)
+        for columns, write, b in self._writes_by_block(recording):
+            # write: [c, T, D] the block's sources (its heads, then its MLP); b: its bias part
+            key_num[:, columns] = flat_key @ write.reshape(len(columns), -1).T
+            query_num[:, columns] = flat_query @ write[:, rows].reshape(len(columns), -1).T
+            bias += b
+        # The bias source (the biases of the blocks below, the input norm's, the projections'):
+        # affine, so its part is one call of the module's code, constants included.
+        normed = self._normed(bias[None], scale)
+        if self.norm is not None:
+            normed = normed + self.norm.bias.to(normed.device)
+        q_bias, k_bias = self.post(self._project(normed, rows, [True]), rows)
+        key_num[:, -1] = (k_bias[0][groups] * g_key[index, groups]).sum((-1, -2))
+        query_num[:, -1] = (q_bias[0][chosen] * g_query[index, chosen]).sum((-1, -2))
+        return key_num, query_num, margin
+
+    def _pulled(self, grad: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The cotangents of the projected input ``[h, P, w]`` back through the projections
+        ``[w, D]``: each head's through the columns it reaches only (its KV group's keys, its own
+        queries), which is every column where the module mixes heads."""
+        out = torch.zeros(grad.shape[0], grad.shape[1], weight.shape[1], dtype=torch.float64)
+        for i in range(grad.shape[0]):
+            used = grad[i].abs().amax(0).nonzero().squeeze(1)
+            if len(used):
+                out[i] = grad[i][:, used] @ weight[used]
+        return out
+
+    def _writes_by_block(
+        self, recording: Recording
+    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+        """The sources' writes ``[c, T, D]`` (float64), a block at a time, with their indices in
+        :attr:`sources` and the block's part of the bias source: the embedding first, then each
+        block's heads and MLP (rebuilt from the recorded heads' outputs, so only one block's writes
+        are held). Post-norm blocks renormalise every source below them, so there every write is
+        built first (:meth:`writes`)."""
+        if self.post_blocks:
+            writes, bias = self.writes(recording)
+            for start in range(0, len(writes), 16):
+                stop = min(len(writes), start + 16)
+                yield (
+                    list(range(start, stop)),
+                    torch.stack(writes[start:stop]),
+                    (bias if start == 0 else torch.zeros_like(bias)),
+                )
+            return
+        x = {j: recording.x[j].double() for j in range(self.layer + 1)}
+        zero = torch.zeros_like(x[0])
+        yield [0], x[0][None], zero
+        at = 1
+        for j in range(self.layer):
+            if j in self.w_o:
+                each, b = self._heads_write(j, recording)
+                each, b = residual_parts(each, b, self.post_norms.get(j), self.multiplier)
+                each = each.transpose(0, 1)  # [H, T, D]
+                mlp = x[j + 1] - x[j] - each.sum(0) - b
+                yield list(range(at, at + each.shape[0] + 1)), torch.cat([each, mlp[None]]), b
+                at += each.shape[0] + 1
+            else:
+                yield [at], (x[j + 1] - x[j])[None], zero
+                at += 1
+
+    def selected_writes(self, recording: Recording, indices: Sequence[int]) -> dict[int, torch.Tensor]:
+        """The writes ``[T, D]`` of the sources at ``indices``, built block by block (the bias
+        source's, the last index, is the sum of every block's bias part)."""
+        wanted = set(indices)
+        bias_index = len(self.sources) - 1
+        found: dict[int, torch.Tensor] = {}
+        bias = None
+        for columns, write, b in self._writes_by_block(recording):
+            bias = b if bias is None else bias + b
+            for slot, i in enumerate(columns):
+                if i in wanted:
+                    found[i] = write[slot]
+            if bias_index not in wanted and columns[-1] >= max(wanted, default=-1):
+                break
+        if bias_index in wanted:
+            assert bias is not None
+            found[bias_index] = bias
+        return found
+
+    def selected(
+        self, recording: Recording, rows: torch.Tensor, indices: Sequence[int], means_from: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The parts of the sources at ``indices``, as :meth:`decompose` yields them: ``(q [c, H, R,
+        d], k [c, KV, T, d], q_mean, k_mean)``; call :meth:`actual` first."""
+        writes = self.selected_writes(recording, indices)
+        bias_index = len(self.sources) - 1
+        x = recording.x[self.layer].double()
+        scale = self.norm.scale(x) if self.norm is not None else None
+        length = x.shape[0]
+        zero_q, zero_k = self.post(
+            torch.zeros(1, length, self.w_q.shape[0] + self.w_k.shape[0], dtype=torch.float64), rows
+        )
+        chunk = max(1, CHUNK_ELEMENTS // max(1, length * x.shape[1]))
+        found: list[tuple[torch.Tensor, ...]] = []
+        for start in range(0, len(indices), chunk):
+            some = list(indices[start : start + chunk])
+            src = torch.stack([writes[i] for i in some])
+            is_bias = [i == bias_index for i in some]
+            normed = self._normed(src, scale)
+            if any(is_bias) and self.norm is not None:
+                normed[is_bias.index(True)] += self.norm.bias.to(normed.device)
+            projected = self._project(normed, rows, is_bias)
+            mean = self._mean_projected(src, projected, scale, is_bias, means_from)
+            found.append(
+                (
+                    *self._parts(projected, rows, is_bias, zero_q, zero_k),
+                    *self._parts(mean, rows, is_bias, zero_q, zero_k),
+                )
+            )
+        q, k, q_mean, k_mean = (torch.cat([f[i] for f in found]) for i in range(4))
+        return q, k, q_mean, k_mean
+
+    def mean_base(
+        self, recording: Recording, rows: torch.Tensor, means_from: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries at ``rows`` ``[H, R, d]`` and keys ``[KV, T, d]`` with every source at its mean
+        over positions ``>= means_from`` (position 0 keeps its actual input): the sum of every
+        source's mean part, bias included, in one call (the parts are linear in the writes, and the
+        writes sum to the block's input)."""
+        x = recording.x[self.layer].double()
+        scale = self.norm.scale(x) if self.norm is not None else None
+        normed = self._normed(x[None], scale)
+        projected = self._project(normed, rows, [False])
+        mean = self._mean_projected(x[None], projected, scale, [False], means_from)
+        constant = torch.zeros(1, 1, x.shape[-1], dtype=torch.float64)
+        if self.norm is not None:
+            constant[0, 0] = self.norm.bias
+        mean = mean + self._project(constant, None, [True])[0, 0]
+        query, key = self.post(mean, rows)
+        return query[0], key[0]
+
+    # --- the projection path: every source projected (the oracle of the pull-back, in tests) --------
 
     def decompose(
         self, recording: Recording, rows: torch.Tensor, means_from: int = 1

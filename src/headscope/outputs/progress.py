@@ -9,7 +9,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from headscope.extend.base import ProgressFactory
 
@@ -47,6 +54,7 @@ def progress_bars(console: Console | None = None) -> Iterator[Bars]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
         disable=bool(os.environ.get("NO_COLOR")),
