@@ -644,22 +644,15 @@ def report(family: str) -> Report:
 
 
 def qk_oracle_gap(model: Any, tok: Any, outcome: Outcome) -> float | None:
-    """Where qk ran: the largest difference of its shares (and their intervals) from the projection
-    path's on the same windows (every source projected through the queries and keys: the oracle)."""
+    """Where qk ran: the largest difference of its shares (intervals, reconstruction, pairs) from the
+    projection path's on the same windows (:func:`headscope.analyses.qk.oracle_gap`)."""
     import headscope as hs
     from headscope.analyses import qk
 
     if outcome.kept is None:
         return None
     result, _ = outcome.kept
-    loaded = hs.load(model, tok)
-    options = qk.QKOptions(**_options()["qk"])
-    prepared = qk.QK().check(options)
-    fit, held, data, _ = qk._windows(loaded, options, prepared)
-    oracle, _ = qk.explain(
-        loaded, fit, held, data, None, rows=None, n_resamples=0, repeated=True, oracle=True
-    )
-    return qk.shares_gap(result.qk, oracle)
+    return qk.oracle_gap(hs.load(model, tok), result.qk, **_options()["qk"])
 
 
 # --- the Markdown table --------------------------------------------------------------------------

@@ -47,6 +47,20 @@ def test_removing_it_from_the_key_input_moves_the_head_more_than_random_sources(
     assert removal.rows == "the later copies' query rows (positions 31-60)" and removal.move > 0.8
 
 
+@pytest.mark.parametrize(
+    ("name", "heads"), [("smollm2", "L18H6,L29H2"), ("gemma3", "L6H0,L4H1"), ("minilm", "L3H3,L5H0")]
+)
+def test_the_pull_back_gives_the_projection_paths_shares(name, heads, request):
+    """qk's shares come from one pull-back per head and side; projecting every source through the
+    queries and keys (the path it replaced, kept as the oracle) gives the same shares, intervals,
+    reconstruction and pairs to 1e-6 on the three bundled models (a sliding layer of Gemma 3: L4)."""
+    from headscope.analyses.qk import oracle_gap
+
+    loaded = request.getfixturevalue(name)
+    options = dict(heads=heads, repeat_seq=2, seq_len=12, windows=2, rows=8, resamples=50)
+    assert oracle_gap(loaded, **options) <= 1e-6
+
+
 def test_gemma3_scores_are_the_sum_over_sources(gemma3):
     found = hs.qk(gemma3, heads="L6H0,L5H3", repeat_seq=2, seq_len=20, windows=2, rows=16, resamples=0).qk
     assert found.check["score_error"] < 1e-5 and found.check["attention_error"] < 1e-4

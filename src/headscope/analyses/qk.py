@@ -32,7 +32,7 @@ from headscope import capture
 from headscope.capture import Attention, Pass
 from headscope.capture.dla import attention_layers
 from headscope.capture.edits import KeyOnly
-from headscope.capture.sources import Decomposer, Source, SourceWrites, refusal, source_names
+from headscope.capture.sources import Decomposer, HeadTops, Source, SourceWrites, refusal, source_names
 from headscope.detectors import create as create_detectors
 from headscope.errors import HeadscopeError, InputError, Unsupported
 from headscope.extend.base import (
@@ -311,16 +311,20 @@ class Split:
         self._check_attention(query, key, scaling, weights[chosen], visible)
         kbar = torch.einsum("hrt,htd->hrd", centred, key)
         margin = (scaling * (query * kbar).sum(-1)).sum(-1)  # [h]
+        tops = None
+        if self.tops is not None:
+            tops = [(self.sums[(layer, h)].top_key, self.sums[(layer, h)].top_query) for h in heads]
+        found = decomposer.explain_window(
+            recording, parts, heads, centred, tops, cuts=RECONSTRUCT_K, individual=PAIRS
+        )
         if self.oracle:
             key_num, query_num = self._projected(
                 decomposer, recording, rows, chosen, groups, centred, query, kbar
             )
         else:
-            key_num, query_num, _ = decomposer.numerators(recording, parts, heads, centred)
+            key_num, query_num = found.key, found.query
             self._check_sum(layer, key_num, query_num, margin)
         state: dict[str, Any] = {"query": query, "key": key, "kbar": kbar, "scaling": scaling}
-        if self.tops is not None:
-            self._top_parts(state, decomposer, recording, parts, heads, centred)
         for i, h in enumerate(heads):
             sums = self.sums[(layer, h)]
             sums.margin.append(float(margin[i]))
@@ -328,43 +332,8 @@ class Split:
             sums.query.append(query_num[i].numpy())
             sums.rows.append(len(rows))
             if self.tops is not None:
-                self._evaluate(sums, i, state, weights[h], visible)
-                self._example(sums, i, state, weights[h], visible, rows, ids)
-
-    def _top_parts(
-        self,
-        state: dict[str, Any],
-        decomposer: Decomposer,
-        recording: Any,
-        parts: Any,
-        heads: list[int],
-        centred: torch.Tensor,
-    ) -> None:
-        """The parts the evaluation split reads of each head's top sources only (the top pairs, the
-        reconstruction, the example query), and every source at its mean in one call."""
-        layer = parts.layer
-        group = parts.query.shape[0] // parts.key.shape[0]
-        chosen = torch.tensor(heads)
-        groups = chosen // group
-        wanted = sorted(
-            {s for h in heads for s in (*self.sums[(layer, h)].top_query, *self.sums[(layer, h)].top_key)}
-        )
-        q, k, q_mean, k_mean = decomposer.selected(recording, parts.rows, wanted)
-        base_q, base_k = decomposer.mean_base(recording, parts.rows)
-        state["dq_all"] = state["query"] - base_q[chosen]
-        state["dk_all"] = state["key"] - base_k[groups]
-        state["dq"], state["dk"], state["q_top"], state["kbar_top"], state["k_top"] = {}, {}, {}, {}, {}
-        for slot, source in enumerate(wanted):
-            for i, h in enumerate(heads):
-                sums = self.sums[(layer, h)]
-                if source in sums.top_query:
-                    state["q_top"][(i, source)] = q[slot, h]
-                    state["dq"][(i, source)] = q[slot, h] - q_mean[slot, h]
-                if source in sums.top_key:
-                    k_part = k[slot, int(groups[i])]
-                    state["k_top"][(i, source)] = k_part
-                    state["dk"][(i, source)] = k_part - k_mean[slot, int(groups[i])]
-                    state["kbar_top"][(i, source)] = centred[i] @ k_part
+                self._evaluate(sums, i, state, found.heads[i], centred[i], weights[h], visible)
+                self._example(sums, i, state, found.heads[i], weights[h], visible, rows, ids)
 
     def _projected(
         self,
@@ -406,6 +375,7 @@ class Split:
         sums: HeadSums,
         i: int,
         state: dict[str, Any],
+        parts_of: HeadTops,
         actual: torch.Tensor,
         visible: torch.Tensor,
         rows: torch.Tensor,
@@ -427,8 +397,7 @@ class Split:
         for key in keys:
             score = float(scaling * (query * state["key"][i][key]).sum())
             parts = {
-                sums.sources[s].name: float(scaling * (query * state["k_top"][(i, s)][key]).sum())
-                for s in tops
+                sums.sources[s].name: float(scaling * (query * parts_of.key[s][key]).sum()) for s in tops
             }
             listed.append(
                 {
@@ -450,24 +419,37 @@ class Split:
         }
 
     def _evaluate(
-        self, sums: HeadSums, i: int, state: dict[str, Any], actual: torch.Tensor, visible: torch.Tensor
+        self,
+        sums: HeadSums,
+        i: int,
+        state: dict[str, Any],
+        tops: HeadTops,
+        centred: torch.Tensor,
+        actual: torch.Tensor,
+        visible: torch.Tensor,
     ) -> None:
         scaling = state["scaling"]
-        base_q = state["query"][i] - state["dq_all"][i]  # every source at its mean
-        base_k = state["key"][i] - state["dk_all"][i]
+        assert tops.query_all is not None and tops.key_all is not None
+        base_q = state["query"][i] - tops.query_all  # every source at its mean
+        base_k = state["key"][i] - tops.key_all
         explained = []
         for k in RECONSTRUCT_K:
-            q = base_q + sum((state["dq"][(i, s)] for s in sums.top_query[:k]), torch.zeros_like(base_q))
-            kk = base_k + sum((state["dk"][(i, s)] for s in sums.top_key[:k]), torch.zeros_like(base_k))
+            q, kk = base_q, base_k
+            q_move, k_move = tops.moved("query", k), tops.moved("key", k)
+            if q_move is not None:
+                q = q + q_move
+            if k_move is not None:
+                kk = kk + k_move
             scores = (scaling * q @ kk.T).masked_fill(~visible, float("-inf"))
             predicted = torch.softmax(scores, -1)
             explained.append(float(torch.minimum(actual, predicted).sum(-1).mean()))
         sums.explained.append(np.array(explained))
         top_q, top_k = sums.top_query[:PAIRS], sums.top_key[:PAIRS]
         pairs = np.zeros((PAIRS, PAIRS))
+        kbar = {kb: centred @ tops.key[kb] for kb in top_k}
         for a, qa in enumerate(top_q):
             for b, kb in enumerate(top_k):
-                pairs[a, b] = float(scaling * (state["q_top"][(i, qa)] * state["kbar_top"][(i, kb)]).sum())
+                pairs[a, b] = float(scaling * (tops.query[qa] * kbar[kb]).sum())
         sums.pairs = pairs if sums.pairs is None else sums.pairs + pairs
 
     def _check_attention(
@@ -1189,6 +1171,25 @@ class QK(Analysis):
 
         found = result.qk
         return None if found is None else html_section(found)
+
+
+def oracle_gap(loaded: Any, result: QKResult | None = None, **options: Any) -> float:
+    """How far qk's pull-back is from the projection path (every source projected through the
+    queries and keys, the oracle) on the same windows: :func:`shares_gap` of the two (tests and the
+    conformance suite). ``result``: the pull-back's run with these ``options``, if already made."""
+    chosen = QKOptions(**options)
+    prepared = QK().check(chosen)
+    fit, held, data, _ = _windows(loaded, chosen, prepared)
+    settings = dict(
+        rows=chosen.rows or None,
+        seed=chosen.seed,
+        n_resamples=chosen.resamples,
+        repeated=bool(chosen.repeat_seq),
+    )
+    if result is None:
+        result, _ = explain(loaded, fit, held, data, prepared.heads, **settings)
+    oracle, _ = explain(loaded, fit, held, data, prepared.heads, oracle=True, **settings)
+    return shares_gap(result, oracle)
 
 
 def shares_gap(a: QKResult, b: QKResult) -> float:

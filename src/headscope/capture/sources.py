@@ -54,6 +54,8 @@ PROBE_IMPLEMENTATION = "headscope_qk_probe"
 # Source writes kept for one window: sources x tokens x d_model float32. Past this, refuse.
 MAX_SOURCE_BYTES = 3 << 30
 CHUNK_ELEMENTS = 1 << 24  # sources x tokens x d_model per projection chunk (128 MB in float64)
+# The pull-back's working set: the heads whose r is held at once, and the heads of one backward.
+PULLBACK_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -590,25 +592,54 @@ class Post:
 
     def _sides(self, projected: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys from a call with no queries, the queries from a call over ``rows`` with no keys."""
-        length = projected.shape[1]
+        key = self._keys(projected[..., self.q_width :])
+        query = self._queries(projected[:, rows, : self.q_width], rows, projected.shape[1])
+        return query, key
+
+    def _keys(self, projected: torch.Tensor) -> torch.Tensor:
         try:
             self.widths[:] = [0, self.k_width]
-            key = self._run(projected[..., self.q_width :]).key
+            key = self._run(projected).key
+        finally:
+            self.widths[:] = [self.q_width, self.k_width]
+        assert key is not None
+        return key
+
+    def _queries(self, projected: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+        kwargs = self.kwargs
+        try:
             self.widths[:] = [self.q_width, 0]
-            kwargs = self.kwargs
             self.kwargs = {k: _positions_at(v, rows, length) for k, v in kwargs.items()}
             for norm in self.norms:
                 norm.rows, norm.length = rows, length
-            try:
-                query = self._run(projected[:, rows, : self.q_width]).query
-            finally:
-                self.kwargs = kwargs
-                for norm in self.norms:
-                    norm.rows = None
+            query = self._run(projected).query
         finally:
+            self.kwargs = kwargs
             self.widths[:] = [self.q_width, self.k_width]
-        assert query is not None and key is not None
-        return query, key
+            for norm in self.norms:
+                norm.rows = None
+        assert query is not None
+        return query
+
+    def keys(self, projected: torch.Tensor) -> torch.Tensor:
+        """Keys ``[n, KV, T, d]`` of projected keys alone ``[n, T, k_width]``."""
+        if self.fast:
+            return self._keys(projected)
+        full = projected.new_zeros(*projected.shape[:-1], self.q_width + self.k_width)
+        full[..., self.q_width :] = projected
+        taken = self._run(full)
+        assert taken.key is not None
+        return taken.key
+
+    def queries(self, projected: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """Queries ``[n, H, R, d]`` at ``rows`` of projected queries at those rows alone ``[n, R, q_width]``."""
+        if self.fast:
+            return self._queries(projected, rows, length)
+        full = projected.new_zeros(projected.shape[0], length, self.q_width + self.k_width)
+        full[:, rows, : self.q_width] = projected
+        taken = self._run(full)
+        assert taken.query is not None
+        return taken.query[:, :, rows]
 
     def _run(self, projected: torch.Tensor) -> _Taken:
         for norm in self.norms:
@@ -700,6 +731,72 @@ class LayerParts:
     sources: list[Source]
 
 
+@dataclass
+class _TopPlan:
+    """Which of a head's top sources the evaluation split reads one by one (the first
+    ``individual`` of each side) and which it reads as groups (the ranks between the cuts above)."""
+
+    key_individual: list[int]
+    key_groups: list[list[int]]
+    query_individual: list[int]
+    query_groups: list[list[int]]
+    individual: int
+    bounds: list[tuple[int, int]]  # each group's ranks [a, b)
+
+    @classmethod
+    def of(cls, top: tuple[list[int], list[int]], cuts: Sequence[int], individual: int) -> _TopPlan:
+        top_key, top_query = top
+        edges = sorted({individual, *(c for c in cuts if c > individual)})
+        bounds = list(zip(edges, edges[1:], strict=False))
+        return cls(
+            list(top_key[:individual]),
+            [list(top_key[a:b]) for a, b in bounds],
+            list(top_query[:individual]),
+            [list(top_query[a:b]) for a, b in bounds],
+            individual,
+            bounds,
+        )
+
+
+@dataclass
+class HeadTops:
+    """One head's top sources in one window: each of the first few sources' key part ``[T, d]`` and
+    query part at the rows ``[R, d]`` (the bias with its constants), and the moves of its keys and
+    queries when its top sources leave their means, one by one and then by groups of ranks."""
+
+    key: dict[int, torch.Tensor] = field(default_factory=dict)
+    query: dict[int, torch.Tensor] = field(default_factory=dict)
+    key_moves: list[torch.Tensor] = field(default_factory=list)
+    query_moves: list[torch.Tensor] = field(default_factory=list)
+    key_all: torch.Tensor | None = None  # the move when every source leaves its mean
+    query_all: torch.Tensor | None = None
+    plan: _TopPlan | None = None
+
+    def moved(self, side: str, k: int) -> torch.Tensor | None:
+        """The move of the head's keys (or queries) when its top ``k`` sources of that side leave
+        their means (None for k = 0). ``k`` is ``individual`` or less, or a cut."""
+        assert self.plan is not None
+        moves = self.key_moves if side == "key" else self.query_moves
+        count = len(self.plan.key_individual if side == "key" else self.plan.query_individual)
+        if k <= 0 or not moves:
+            return None
+        total = sum(moves[: min(k, count)], torch.zeros_like(moves[0]))
+        for slot, (_, b) in enumerate(self.plan.bounds):
+            if b <= k:
+                total = total + moves[count + slot]
+        return total
+
+
+@dataclass
+class WindowParts:
+    """:meth:`Decomposer.explain_window`'s answer for one window of one layer."""
+
+    key: torch.Tensor  # [h, S] each source's part of each head's margin, keys side
+    query: torch.Tensor  # [h, S] queries side
+    margin: torch.Tensor  # [h]
+    heads: list[HeadTops] = field(default_factory=list)  # the evaluation split's tops, per head
+
+
 class Decomposer:
     """The decomposition of one layer's scores over its sources, for one recorded window."""
 
@@ -718,6 +815,7 @@ class Decomposer:
         self.w_q, self.b_q, self.w_k, self.b_k = layout.weights(attention)  # [H*d, D], [KV*d, D]
         self.post = Post(attention, layout)
         self.sources = source_names(loaded, layer)
+        self.columns: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         layers = [j for j in attention_layers(loaded) if j < layer]
         self.w_o = {
             j: projections.output_projection(projections.attention_module(blocks[j]), loaded.layout.n_heads)
@@ -819,85 +917,326 @@ class Decomposer:
         query, key, scaling = self.post.record(
             self._project(actual_in.double()[None], None)[0:1], kwargs, rows
         )
-        return LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
+        parts = LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
+        if self.columns is None:
+            self.columns = self._head_columns(parts)
+        return parts
 
-    def numerators(
+    def _head_columns(self, parts: LayerParts) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Which projected columns reach each query head and each KV group's keys (the support of
+        the module's code after the projections, probed once by a backward with random cotangents):
+        a top source's part in one head is projected through those columns only."""
+        n_q, n_kv, length = parts.query.shape[0], parts.key.shape[0], parts.key.shape[1]
+        q_width, width = self.w_q.shape[0], self.w_q.shape[0] + self.w_k.shape[0]
+        generator = torch.Generator().manual_seed(0)
+        with torch.inference_mode(False), torch.enable_grad():
+            inputs = torch.zeros(n_q + n_kv, length, width, dtype=torch.float64, requires_grad=True)
+            q, k = self.post(inputs, _plain(parts.rows))
+            cot_q = torch.zeros(n_q, *q.shape[1:], dtype=torch.float64)
+            cot_k = torch.zeros(n_kv, *k.shape[1:], dtype=torch.float64)
+            for h in range(n_q):
+                cot_q[h, h] = torch.randn(q.shape[2:], generator=generator, dtype=torch.float64)
+            for g in range(n_kv):
+                cot_k[g, g] = torch.randn(k.shape[2:], generator=generator, dtype=torch.float64)
+            total = (q[:n_q] * cot_q).sum() + (k[n_q:] * cot_k).sum()
+            (grad,) = torch.autograd.grad(total, inputs)
+        used = grad.abs().amax(1) > 0  # [H + KV, w]
+        q_cols = [used[h, :q_width].nonzero().squeeze(1) for h in range(n_q)]
+        k_cols = [used[n_q + g, q_width:].nonzero().squeeze(1) for g in range(n_kv)]
+        if bool(used[:n_q, q_width:].any()) or bool(used[n_q:, :q_width].any()):
+            # the queries read the keys' columns or the reverse: no restriction
+            q_cols = [torch.arange(q_width)] * n_q
+            k_cols = [torch.arange(width - q_width)] * n_kv
+        return q_cols, k_cols
+
+    def explain_window(
         self,
         recording: Recording,
         parts: LayerParts,
         heads: Sequence[int],
         centred: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each source's part of the margin of each head in ``heads``, on the key side (queries held
-        at their total) and on the query side (keys held at theirs): ``(key [h, S], query [h, S],
-        margin [h])``, float64. ``centred [h, R, T]`` is each head's attention minus the uniform
-        over the keys it sees, at the rows read.
-
-        A source's part is linear in its write once the norms' statistics are frozen, so it is
-        ``Σ_t x_b(t) · r(t)``: ``r`` is the pull-back of the head's cotangent (for the keys,
-        ``g(t) = scaling Σ_q centred(q, t) query(q)``) through the module's own code after the
-        projections (one backward for every head and side), the projection and the input norm. No
-        source is projected; the bias source, affine, is run once, and the parts are checked to sum
-        to the margin."""
+        tops: Sequence[tuple[list[int], list[int]]] | None = None,
+        cuts: Sequence[int] = (),
+        individual: int = 0,
+    ) -> WindowParts:
+        """One window of this layer for the heads ``heads``: each source's part of each head's
+        margin on both sides (:meth:`numerators`), and with ``tops`` (per head, its top key sources
+        and its top query sources, ranked on the fit split) what the evaluation split reads of them:
+        the parts of the first ``individual`` of each side (the key parts over every position, the
+        query parts at the rows, the bias with its constants), and for each ``k`` in ``cuts`` the
+        move of the head's queries and keys when its top ``k`` sources of a side leave their mean
+        (:class:`WindowParts`). One pass over the blocks' writes serves all of it."""
         chosen = torch.tensor(list(heads))
         group = parts.query.shape[0] // parts.key.shape[0]
         groups = chosen // group
         query = parts.query[chosen]  # [h, R, d]
-        key = parts.key[groups]  # [h, T, d]
-        scaling = parts.scaling
-        kbar = torch.einsum("hrt,htd->hrd", centred, key)
-        margin = scaling * (query * kbar).sum((-1, -2))
+        kbar = torch.einsum("hrt,htd->hrd", centred, parts.key[groups])
+        margin = parts.scaling * (query * kbar).sum((-1, -2))
         n, rows = len(heads), parts.rows
-        length = parts.key.shape[1]
-        g_key = torch.zeros(n, *parts.key.shape, dtype=torch.float64)
-        g_query = torch.zeros(n, *parts.query.shape, dtype=torch.float64)
-        index = torch.arange(n)
-        g_key[index, groups] = scaling * torch.einsum("hrt,hrd->htd", centred, query)
-        g_query[index, chosen] = scaling * kbar
-        width = self.w_q.shape[0] + self.w_k.shape[0]
-        with torch.inference_mode(False), torch.enable_grad():
-            inputs = torch.zeros(2 * n, length, width, dtype=torch.float64, requires_grad=True)
-            q, k = self.post(inputs, _plain(rows))
-            total = (k[:n] * _plain(g_key)).sum() + (q[n:] * _plain(g_query)).sum()
-            (grad,) = torch.autograd.grad(total, inputs)
-        weight = torch.cat([self.w_q, self.w_k])  # [w, D]
-        r_key = self._pulled(grad[:n], weight, None)  # [h, T, D]
-        r_query = self._pulled(grad[n:, rows], weight, rows)  # [h, R, D]
+        length, d_model = parts.key.shape[1], self.w_q.shape[1]
+        g_key = parts.scaling * torch.einsum("hrt,hrd->htd", centred, query)  # [h, T, d]
+        g_query = parts.scaling * kbar  # [h, R, d]
         x = recording.x[self.layer].double()
         scale = self.norm.scale(x) if self.norm is not None else None
-        if scale is not None:
-            assert self.norm is not None
-            r_key = self.norm.fold(r_key) / scale[None, :, None]
-            r_query = self.norm.fold(r_query) / scale[None, rows, None]
         key_num = torch.zeros(n, len(self.sources), dtype=torch.float64)
         query_num = torch.zeros_like(key_num)
-        flat_key, flat_query = r_key.reshape(n, -1), r_query.reshape(n, -1)
+        bias_index = len(self.sources) - 1
+        # What the evaluation split keeps of the writes as they go by (D-space, float64).
+        plans = [_TopPlan.of(top, cuts, individual) for top in tops] if tops is not None else []
+        keep_key = {s for plan in plans for s in plan.key_individual}
+        keep_query = {s for plan in plans for s in plan.query_individual}
+        full: dict[int, torch.Tensor] = {}
+        at_rows: dict[int, torch.Tensor] = {}
+        key_groups = [[torch.zeros_like(x) for _ in plan.key_groups] for plan in plans]
+        query_groups = [
+            [torch.zeros(len(rows), d_model, dtype=torch.float64) for _ in plan.query_groups]
+            for plan in plans
+        ]
+        means = torch.zeros(len(self.sources), d_model, dtype=torch.float64)
+        # r for a chunk of heads [c, T, D] is held while the block writes go by; each backward runs
+        # on fewer heads (its input and intermediates are [2c, T, w] several times over).
+        width = self.w_q.shape[0] + self.w_k.shape[0]
+        held = max(1, PULLBACK_BYTES // (8 * length * (d_model + len(rows))))
+        per_backward = max(1, PULLBACK_BYTES // (8 * 2 * length * 4 * width))
         bias = torch.zeros_like(x)
-        for columns, write, b in self._writes_by_block(recording):
-            # write: [c, T, D] the block's sources (its heads, then its MLP); b: its bias part
-            key_num[:, columns] = flat_key @ write.reshape(len(columns), -1).T
-            query_num[:, columns] = flat_query @ write[:, rows].reshape(len(columns), -1).T
-            bias += b
+        for start in range(0, n, held):
+            part = slice(start, min(n, start + held))
+            r_key, r_query = self._pull_back(parts, chosen[part], g_key[part], g_query[part], per_backward)
+            if scale is not None:
+                assert self.norm is not None
+                r_key = self.norm.fold(r_key) / scale[None, :, None]
+                r_query = self.norm.fold(r_query) / scale[None, rows, None]
+            flat_key, flat_query = r_key.reshape(r_key.shape[0], -1), r_query.reshape(r_query.shape[0], -1)
+            bias = torch.zeros_like(x)
+            first = start == 0
+            for columns, write, b in self._writes_by_block(recording):
+                # write: [c, T, D] the block's sources (its heads, then its MLP); b: its bias part
+                key_num[part, columns] = flat_key @ write.reshape(len(columns), -1).T
+                query_num[part, columns] = flat_query @ write[:, rows].reshape(len(columns), -1).T
+                bias += b
+                if first and plans:
+                    self._keep(columns, write, rows, plans, keep_key, keep_query, full, at_rows)
+                    self._accumulate(columns, write, rows, plans, key_groups, query_groups)
+                    if length > 1:
+                        means[columns] = write[:, 1:].mean(1)
         # The bias source (the biases of the blocks below, the input norm's, the projections'):
         # affine, so its part is one call of the module's code, constants included.
         normed = self._normed(bias[None], scale)
         if self.norm is not None:
             normed = normed + self.norm.bias.to(normed.device)
         q_bias, k_bias = self.post(self._project(normed, rows, [True]), rows)
-        key_num[:, -1] = (k_bias[0][groups] * g_key[index, groups]).sum((-1, -2))
-        query_num[:, -1] = (q_bias[0][chosen] * g_query[index, chosen]).sum((-1, -2))
-        return key_num, query_num, margin
+        key_num[:, -1] = (k_bias[0][groups] * g_key).sum((-1, -2))
+        query_num[:, -1] = (q_bias[0][chosen] * g_query).sum((-1, -2))
+        found = WindowParts(key_num, query_num, margin)
+        if not plans:
+            return found
+        if length > 1:
+            means[bias_index] = bias[1:].mean(0)
+        full[bias_index], at_rows[bias_index] = bias, bias[rows]
+        for i, plan in enumerate(plans):
+            for slot, members in enumerate(plan.key_groups):
+                if bias_index in members:
+                    key_groups[i][slot] += bias
+            for slot, members in enumerate(plan.query_groups):
+                if bias_index in members:
+                    query_groups[i][slot] += bias[rows]
+        constant = self._constant_parts(rows, length)
+        # every source at its mean: the block's input less its mean, one more item per side
+        everything = x - (x[1:].mean(0) if length > 1 else x[0])
+        for i, plan in enumerate(plans):
+            found.heads.append(
+                self._head_tops(
+                    int(chosen[i]),
+                    int(groups[i]),
+                    plan,
+                    full,
+                    at_rows,
+                    key_groups[i],
+                    query_groups[i],
+                    means,
+                    scale,
+                    rows,
+                    constant,
+                    everything,
+                )
+            )
+        return found
 
-    def _pulled(self, grad: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """The cotangents of the projected input ``[h, P, w]`` back through the projections
-        ``[w, D]``: each head's through the columns it reaches only (its KV group's keys, its own
-        queries), which is every column where the module mixes heads."""
-        out = torch.zeros(grad.shape[0], grad.shape[1], weight.shape[1], dtype=torch.float64)
-        for i in range(grad.shape[0]):
-            used = grad[i].abs().amax(0).nonzero().squeeze(1)
-            if len(used):
-                out[i] = grad[i][:, used] @ weight[used]
+    def _keep(
+        self,
+        columns: list[int],
+        write: torch.Tensor,
+        rows: torch.Tensor,
+        plans: list[_TopPlan],
+        keep_key: set[int],
+        keep_query: set[int],
+        full: dict[int, torch.Tensor],
+        at_rows: dict[int, torch.Tensor],
+    ) -> None:
+        for slot, source in enumerate(columns):
+            if source in keep_key:
+                full[source] = write[slot]
+            if source in keep_query:
+                at_rows[source] = write[slot, rows]
+
+    def _accumulate(
+        self,
+        columns: list[int],
+        write: torch.Tensor,
+        rows: torch.Tensor,
+        plans: list[_TopPlan],
+        key_groups: list[list[torch.Tensor]],
+        query_groups: list[list[torch.Tensor]],
+    ) -> None:
+        where = {source: slot for slot, source in enumerate(columns)}
+        for i, plan in enumerate(plans):
+            for slot, members in enumerate(plan.key_groups):
+                for source in members:
+                    if source in where:
+                        key_groups[i][slot] += write[where[source]]
+            for slot, members in enumerate(plan.query_groups):
+                for source in members:
+                    if source in where:
+                        query_groups[i][slot] += write[where[source], rows]
+
+    def _constant_parts(self, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's code on the constant input (the input norm's bias through the projections,
+        with their biases): ``(queries [H, R, d], keys [KV, T, d])``, constants included: the bias
+        source's parts are its linear part plus these."""
+        constant = torch.zeros(1, length, self.w_q.shape[1], dtype=torch.float64)
+        if self.norm is not None:
+            constant[0] += self.norm.bias
+        q, k = self.post(self._project(constant, rows, [True]), rows)
+        return q[0], k[0]
+
+    def _head_tops(
+        self,
+        head: int,
+        group: int,
+        plan: _TopPlan,
+        full: dict[int, torch.Tensor],
+        at_rows: dict[int, torch.Tensor],
+        key_groups: list[torch.Tensor],
+        query_groups: list[torch.Tensor],
+        means: torch.Tensor,
+        scale: torch.Tensor | None,
+        rows: torch.Tensor,
+        constant: tuple[torch.Tensor, torch.Tensor],
+        everything: torch.Tensor,
+    ) -> HeadTops:
+        """One head's top sources through its own query columns and its KV group's key columns."""
+        bias_index = len(self.sources) - 1
+        length = full[bias_index].shape[0]
+        out = HeadTops()
+        for side in ("key", "query"):
+            individual = plan.key_individual if side == "key" else plan.query_individual
+            grouped = key_groups if side == "key" else query_groups
+            group_members = plan.key_groups if side == "key" else plan.query_groups
+            writes = [full[s] if side == "key" else at_rows[s] for s in individual]
+            # each individual source as it is, its move from its mean, and each group's move
+            centred_writes = [w - means[s] for w, s in zip(writes, individual, strict=True)]
+            centred_writes += [
+                g - sum((means[s] for s in members), torch.zeros_like(means[0]))
+                for g, members in zip(grouped, group_members, strict=True)
+            ]
+            centred_writes.append(everything if side == "key" else everything[rows])
+            stacked = torch.stack([*writes, *centred_writes])
+            if side == "key":
+                stacked[len(writes) :, 0] = 0.0  # the first position keeps its actual write
+            elif side == "query":
+                stacked[len(writes) :, rows == 0] = 0.0
+            partial = self._head_linear(stacked, head, group, side, scale, rows, length)
+            parts_of = partial[: len(writes)]
+            moves = partial[len(writes) :]
+            if side == "key":
+                for s, part in zip(individual, parts_of, strict=True):
+                    out.key[s] = part + (constant[1][group] if s == bias_index else 0.0)
+                out.key_moves, out.key_all = list(moves[:-1]), moves[-1]
+            else:
+                for s, part in zip(individual, parts_of, strict=True):
+                    out.query[s] = part + (constant[0][head] if s == bias_index else 0.0)
+                out.query_moves, out.query_all = list(moves[:-1]), moves[-1]
+        out.plan = plan
         return out
+
+    def _head_linear(
+        self,
+        writes: torch.Tensor,
+        head: int,
+        group: int,
+        side: str,
+        scale: torch.Tensor | None,
+        rows: torch.Tensor,
+        length: int,
+    ) -> torch.Tensor:
+        """The linear parts ``[n, P, d]`` of writes ``[n, P, D]`` (P: every position for the keys,
+        the rows read for the queries) in one query head or its KV group's keys: the frozen input
+        norm, the projection through that head's columns only, the module's code, less its call on
+        zeros."""
+        assert self.columns is not None
+        q_cols, k_cols = self.columns
+        at = None if scale is None else (scale if side == "key" else scale[rows])
+        normed = self._normed(writes, at)
+        if side == "key":
+            cols = k_cols[group]
+            projected = torch.zeros(writes.shape[0], length, self.w_k.shape[0], dtype=torch.float64)
+            projected[..., cols] = normed @ self.w_k[cols].T
+            found = self.post.keys(projected) - self.post.keys(torch.zeros_like(projected[:1]))
+            return found[:, group]
+        cols = q_cols[head]
+        projected = torch.zeros(writes.shape[0], len(rows), self.w_q.shape[0], dtype=torch.float64)
+        projected[..., cols] = normed @ self.w_q[cols].T
+        zero = torch.zeros_like(projected[:1])
+        found = self.post.queries(projected, rows, length) - self.post.queries(zero, rows, length)
+        return found[:, head]
+
+    def _pull_back(
+        self,
+        parts: LayerParts,
+        chosen: torch.Tensor,
+        g_key: torch.Tensor,
+        g_query: torch.Tensor,
+        per_backward: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads' cotangents (keys ``[c, T, d]`` in their KV group, queries ``[c, R, d]``) back
+        through the module's code after the projections, then the projections: ``(r_key [c, T, D],
+        r_query [c, R, D])`` before the input norm. Autograd runs outside the pass's inference mode,
+        float64."""
+        rows = parts.rows
+        group = parts.query.shape[0] // parts.key.shape[0]
+        length, d_model = parts.key.shape[1], self.w_q.shape[1]
+        weight = torch.cat([self.w_q, self.w_k])  # [w, D]
+        r_key = torch.zeros(len(chosen), length, d_model, dtype=torch.float64)
+        r_query = torch.zeros(len(chosen), len(rows), d_model, dtype=torch.float64)
+        plain_rows = _plain(rows)
+        for start in range(0, len(chosen), per_backward):
+            some = range(start, min(len(chosen), start + per_backward))
+            c = len(some)
+            with torch.inference_mode(False), torch.enable_grad():
+                cot_key = torch.zeros(c, *parts.key.shape, dtype=torch.float64)
+                cot_query = torch.zeros(c, *parts.query.shape, dtype=torch.float64)
+                for slot, i in enumerate(some):
+                    head = int(chosen[i])
+                    cot_key[slot, head // group] = g_key[i]
+                    cot_query[slot, head] = g_query[i]
+                inputs = torch.zeros(2 * c, length, weight.shape[0], dtype=torch.float64, requires_grad=True)
+                q, k = self.post(inputs, plain_rows)
+                total = (k[:c] * cot_key).sum() + (q[c:] * cot_query).sum()
+                (grad,) = torch.autograd.grad(total, inputs)
+            for slot, i in enumerate(some):
+                r_key[i] = self._through(grad[slot], weight)
+                r_query[i] = self._through(grad[c + slot, rows], weight)
+        return r_key, r_query
+
+    @staticmethod
+    def _through(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """One head's cotangent of the projected input ``[P, w]`` back through the projections
+        ``[w, D]``, through the columns it reaches only (its KV group's keys, its own queries; every
+        column where the module mixes heads)."""
+        used = grad.abs().amax(0).nonzero().squeeze(1)
+        if not len(used):
+            return torch.zeros(grad.shape[0], weight.shape[1], dtype=torch.float64)
+        return grad[:, used] @ weight[used]
 
     def _writes_by_block(
         self, recording: Recording
@@ -932,77 +1271,6 @@ class Decomposer:
             else:
                 yield [at], (x[j + 1] - x[j])[None], zero
                 at += 1
-
-    def selected_writes(self, recording: Recording, indices: Sequence[int]) -> dict[int, torch.Tensor]:
-        """The writes ``[T, D]`` of the sources at ``indices``, built block by block (the bias
-        source's, the last index, is the sum of every block's bias part)."""
-        wanted = set(indices)
-        bias_index = len(self.sources) - 1
-        found: dict[int, torch.Tensor] = {}
-        bias = None
-        for columns, write, b in self._writes_by_block(recording):
-            bias = b if bias is None else bias + b
-            for slot, i in enumerate(columns):
-                if i in wanted:
-                    found[i] = write[slot]
-            if bias_index not in wanted and columns[-1] >= max(wanted, default=-1):
-                break
-        if bias_index in wanted:
-            assert bias is not None
-            found[bias_index] = bias
-        return found
-
-    def selected(
-        self, recording: Recording, rows: torch.Tensor, indices: Sequence[int], means_from: int = 1
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The parts of the sources at ``indices``, as :meth:`decompose` yields them: ``(q [c, H, R,
-        d], k [c, KV, T, d], q_mean, k_mean)``; call :meth:`actual` first."""
-        writes = self.selected_writes(recording, indices)
-        bias_index = len(self.sources) - 1
-        x = recording.x[self.layer].double()
-        scale = self.norm.scale(x) if self.norm is not None else None
-        length = x.shape[0]
-        zero_q, zero_k = self.post(
-            torch.zeros(1, length, self.w_q.shape[0] + self.w_k.shape[0], dtype=torch.float64), rows
-        )
-        chunk = max(1, CHUNK_ELEMENTS // max(1, length * x.shape[1]))
-        found: list[tuple[torch.Tensor, ...]] = []
-        for start in range(0, len(indices), chunk):
-            some = list(indices[start : start + chunk])
-            src = torch.stack([writes[i] for i in some])
-            is_bias = [i == bias_index for i in some]
-            normed = self._normed(src, scale)
-            if any(is_bias) and self.norm is not None:
-                normed[is_bias.index(True)] += self.norm.bias.to(normed.device)
-            projected = self._project(normed, rows, is_bias)
-            mean = self._mean_projected(src, projected, scale, is_bias, means_from)
-            found.append(
-                (
-                    *self._parts(projected, rows, is_bias, zero_q, zero_k),
-                    *self._parts(mean, rows, is_bias, zero_q, zero_k),
-                )
-            )
-        q, k, q_mean, k_mean = (torch.cat([f[i] for f in found]) for i in range(4))
-        return q, k, q_mean, k_mean
-
-    def mean_base(
-        self, recording: Recording, rows: torch.Tensor, means_from: int = 1
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The queries at ``rows`` ``[H, R, d]`` and keys ``[KV, T, d]`` with every source at its mean
-        over positions ``>= means_from`` (position 0 keeps its actual input): the sum of every
-        source's mean part, bias included, in one call (the parts are linear in the writes, and the
-        writes sum to the block's input)."""
-        x = recording.x[self.layer].double()
-        scale = self.norm.scale(x) if self.norm is not None else None
-        normed = self._normed(x[None], scale)
-        projected = self._project(normed, rows, [False])
-        mean = self._mean_projected(x[None], projected, scale, [False], means_from)
-        constant = torch.zeros(1, 1, x.shape[-1], dtype=torch.float64)
-        if self.norm is not None:
-            constant[0, 0] = self.norm.bias
-        mean = mean + self._project(constant, None, [True])[0, 0]
-        query, key = self.post(mean, rows)
-        return query[0], key[0]
 
     # --- the projection path: every source projected (the oracle of the pull-back, in tests) --------
 
