@@ -32,7 +32,16 @@ from headscope import capture
 from headscope.capture import Attention, Pass
 from headscope.capture.dla import attention_layers
 from headscope.capture.edits import KeyOnly
-from headscope.capture.sources import Decomposer, HeadTops, Source, SourceWrites, refusal, source_names
+from headscope.capture.sources import (
+    Decomposer,
+    HeadTops,
+    Prepared,
+    Source,
+    SourceWrites,
+    WindowParts,
+    refusal,
+    source_names,
+)
 from headscope.detectors import create as create_detectors
 from headscope.errors import HeadscopeError, InputError, Unsupported
 from headscope.extend.base import (
@@ -201,8 +210,32 @@ class HeadSums:
     example: dict[str, Any] | None = None  # evaluation split: one query's keys and their score split
 
 
+@dataclass
+class _Waiting:
+    """One layer of one window, pulled back, waiting for the pass over the blocks' writes."""
+
+    layer: int
+    heads: list[int]
+    prepared: list[Prepared]
+    oracle: tuple[torch.Tensor, torch.Tensor] | None
+    state: dict[str, Any]
+    margin: torch.Tensor
+    centred: torch.Tensor
+    weights: torch.Tensor
+    visible: torch.Tensor
+    rows: torch.Tensor
+    ids: list[int]
+
+
+# What the layers waiting for one pass over the blocks' writes may hold (their pull-backs and the
+# evaluation split's writes); past it the pass runs. The pass rebuilds every block's writes below the
+# deepest layer waiting, so each pass over L layers saves L - 1 rebuilds of them.
+WAITING_BYTES = 384 << 20
+
+
 class Split:
-    """The reader of one split's pass: attention rows per layer, decomposed at each layer's end."""
+    """The reader of one split's pass: attention rows per layer, pulled back at each layer's end and
+    decomposed a few layers at a time."""
 
     def __init__(
         self,
@@ -237,6 +270,7 @@ class Split:
         self.score_error = 0.0
         self.attention_error = 0.0
         self.advance: Any = None  # progress: one step per layer decomposed
+        self._waiting: list[_Waiting] = []
         self._rows: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
     def on_layer(self, layer: int, weights: torch.Tensor, batch: Any, q_start: int) -> None:
@@ -255,10 +289,16 @@ class Split:
             return
         chunks = self._rows.pop(layer, [])
         read = self.sample(batch)
+        last = layer == max(self.heads)
         for row in range(batch.input_ids.shape[0]):
             length = int(batch.attention_mask[row].sum())
             ids = batch.input_ids[row, :length].tolist()
-            self._decompose(layer, self.recorder.current(row), chunks, read[row, :length], row, length, ids)
+            recording = self.recorder.current(row)
+            self._decompose(layer, recording, chunks, read[row, :length], row, length, ids)
+            held = sum(p.nbytes for w in self._waiting for p in w.prepared)
+            # a window's layers wait for one another (batches of one window), never across rows
+            if last or held > WAITING_BYTES or batch.input_ids.shape[0] > 1:
+                self._flush(recording)
         if self.advance is not None:
             self.advance(batch.input_ids.shape[0])
 
@@ -314,26 +354,56 @@ class Split:
         tops = None
         if self.tops is not None:
             tops = [(self.sums[(layer, h)].top_key, self.sums[(layer, h)].top_query) for h in heads]
-        found = decomposer.explain_window(
+        prepared = decomposer.prepare(
             recording, parts, heads, centred, tops, cuts=RECONSTRUCT_K, individual=PAIRS
         )
+        oracle = None
         if self.oracle:
-            key_num, query_num = self._projected(
-                decomposer, recording, rows, chosen, groups, centred, query, kbar
+            oracle = self._projected(decomposer, recording, rows, chosen, groups, centred, query, kbar)
+        state: dict[str, Any] = {"query": query, "key": key, "kbar": kbar, "scaling": scaling}
+        self._waiting.append(
+            _Waiting(layer, heads, prepared, oracle, state, margin, centred, weights, visible, rows, ids)
+        )
+
+    def _flush(self, recording: Any) -> None:
+        """The pass over the blocks' writes for every layer waiting (one pass, where the model's
+        writes do not depend on the layer they enter), then each head's sums."""
+        waiting, self._waiting = self._waiting, []
+        if not waiting:
+            return
+        deepest = self.decomposers[max(w.layer for w in waiting)]
+        prepared = [p for w in waiting for p in w.prepared]
+        if deepest.shares_writes:
+            results = deepest.flush(recording, prepared)
+        else:
+            results = [found for p in prepared for found in p.decomposer.flush(recording, [p])]
+        at = 0
+        for w in waiting:
+            chunks = results[at : at + len(w.prepared)]
+            at += len(w.prepared)
+            found = WindowParts(
+                torch.cat([c.key for c in chunks]),
+                torch.cat([c.query for c in chunks]),
+                torch.cat([c.margin for c in chunks]),
+                [h for c in chunks for h in c.heads],
             )
+            self._record(w, found)
+
+    def _record(self, w: _Waiting, found: WindowParts) -> None:
+        if w.oracle is not None:
+            key_num, query_num = w.oracle
         else:
             key_num, query_num = found.key, found.query
-            self._check_sum(layer, key_num, query_num, margin)
-        state: dict[str, Any] = {"query": query, "key": key, "kbar": kbar, "scaling": scaling}
-        for i, h in enumerate(heads):
-            sums = self.sums[(layer, h)]
-            sums.margin.append(float(margin[i]))
+            self._check_sum(w.layer, key_num, query_num, w.margin)
+        for i, h in enumerate(w.heads):
+            sums = self.sums[(w.layer, h)]
+            sums.margin.append(float(w.margin[i]))
             sums.key.append(key_num[i].numpy())
             sums.query.append(query_num[i].numpy())
-            sums.rows.append(len(rows))
+            sums.rows.append(len(w.rows))
             if self.tops is not None:
-                self._evaluate(sums, i, state, found.heads[i], centred[i], weights[h], visible)
-                self._example(sums, i, state, found.heads[i], weights[h], visible, rows, ids)
+                self._evaluate(sums, i, w.state, found.heads[i], w.centred[i], w.weights[h], w.visible)
+                self._example(sums, i, w.state, found.heads[i], w.weights[h], w.visible, w.rows, w.ids)
 
     def _projected(
         self,

@@ -797,6 +797,89 @@ class WindowParts:
     heads: list[HeadTops] = field(default_factory=list)  # the evaluation split's tops, per head
 
 
+@dataclass
+class Prepared:
+    """One window of one layer, a chunk of its heads, pulled back and waiting for the pass over the
+    blocks' writes (:meth:`Decomposer.flush`), which fills the rest."""
+
+    decomposer: Decomposer
+    parts: LayerParts
+    chosen: torch.Tensor  # [h] the heads
+    groups: torch.Tensor  # [h] their KV groups
+    g_key: torch.Tensor  # [h, T, d] the key-side cotangents
+    g_query: torch.Tensor  # [h, R, d]
+    margin: torch.Tensor  # [h]
+    x: torch.Tensor  # [T, D] the block's input (float64)
+    scale: torch.Tensor | None  # [T] the input norm's statistic
+    r_key: torch.Tensor  # [h, T * D] the pull-backs, flat
+    r_query: torch.Tensor  # [h, R * D]
+    plans: list[_TopPlan]
+    key_num: torch.Tensor = field(init=False)
+    query_num: torch.Tensor = field(init=False)
+    bias: torch.Tensor = field(init=False)
+    full: dict[int, torch.Tensor] = field(default_factory=dict)  # kept key-side writes [T, D]
+    at_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # kept query-side writes [R, D]
+    key_member: torch.Tensor = field(init=False)  # [groups, S] which sources each group sums
+    query_member: torch.Tensor = field(init=False)
+    key_acc: torch.Tensor = field(init=False)  # [groups, T, D] the groups' sums
+    query_acc: torch.Tensor = field(init=False)  # [groups, R, D]
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds through the pass (float64): the pull-backs, and the evaluation's writes."""
+        length, d_model = self.x.shape
+        rows = len(self.parts.rows)
+        held = self.r_key.numel() + self.r_query.numel()
+        if self.plans:
+            groups = sum(len(plan.bounds) for plan in self.plans)
+            singles = len({s for plan in self.plans for s in plan.key_individual})
+            held += (groups + singles) * length * d_model + 2 * groups * rows * d_model
+        return 8 * held
+
+    def start(self) -> None:
+        count = len(self.decomposer.sources)
+        n = len(self.chosen)
+        length, d_model = self.x.shape
+        rows = len(self.parts.rows)
+        self.key_num = torch.zeros(n, count, dtype=torch.float64)
+        self.query_num = torch.zeros_like(self.key_num)
+        self.bias = torch.zeros_like(self.x)
+        groups = [(side, members) for plan in self.plans for side in ("key",) for members in plan.key_groups]
+        self.key_member = torch.zeros(len(groups), count, dtype=torch.float64)
+        self.query_member = torch.zeros(len(groups), count, dtype=torch.float64)
+        slot = 0
+        for plan in self.plans:
+            for a, b in zip(plan.key_groups, plan.query_groups, strict=True):
+                self.key_member[slot, a] = 1.0
+                self.query_member[slot, b] = 1.0
+                slot += 1
+        self.key_acc = torch.zeros(slot, length, d_model, dtype=torch.float64)
+        self.query_acc = torch.zeros(slot, rows, d_model, dtype=torch.float64)
+        self._keep_key = {s for plan in self.plans for s in plan.key_individual}
+        self._keep_query = {s for plan in self.plans for s in plan.query_individual}
+
+    def read(self, columns: list[int], write: torch.Tensor, flat: torch.Tensor, bias: torch.Tensor) -> None:
+        """One block's writes ``[c, T, D]`` (``flat``: ``[c, T * D]``) and its bias part."""
+        rows = self.parts.rows
+        at_rows = write[:, rows]
+        self.key_num[:, columns] = self.r_key @ flat.T
+        self.query_num[:, columns] = self.r_query @ at_rows.reshape(len(columns), -1).T
+        self.bias += bias
+        if not self.plans:
+            return
+        for slot, source in enumerate(columns):
+            if source in self._keep_key:
+                self.full[source] = write[slot]
+            if source in self._keep_query:
+                self.at_rows[source] = at_rows[slot]
+        member = self.key_member[:, columns]
+        if bool(member.any()):
+            self.key_acc.view(len(member), -1).add_(member @ flat)
+        member = self.query_member[:, columns]
+        if bool(member.any()):
+            self.query_acc.view(len(member), -1).add_(member @ at_rows.reshape(len(columns), -1))
+
+
 class Decomposer:
     """The decomposition of one layer's scores over its sources, for one recorded window."""
 
@@ -832,6 +915,9 @@ class Decomposer:
             for j in range(layer)
             if (pair := post_block_norms(blocks[j])) is not None
         }
+        # Pre-norm: a source's write is the same for every layer above it, so one pass over the
+        # blocks' writes serves several layers (:meth:`flush`); post-norm renormalises it per layer.
+        self.shares_writes = all(post_block_norms(block) is None for block in blocks)
 
     # the residual sources, as [T, D] float64 writes
     def writes(self, recording: Recording) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -949,7 +1035,7 @@ class Decomposer:
             k_cols = [torch.arange(width - q_width)] * n_kv
         return q_cols, k_cols
 
-    def explain_window(
+    def prepare(
         self,
         recording: Recording,
         parts: LayerParts,
@@ -958,146 +1044,120 @@ class Decomposer:
         tops: Sequence[tuple[list[int], list[int]]] | None = None,
         cuts: Sequence[int] = (),
         individual: int = 0,
-    ) -> WindowParts:
-        """One window of this layer for the heads ``heads``: each source's part of each head's
-        margin on both sides (:meth:`numerators`), and with ``tops`` (per head, its top key sources
-        and its top query sources, ranked on the fit split) what the evaluation split reads of them:
-        the parts of the first ``individual`` of each side (the key parts over every position, the
-        query parts at the rows, the bias with its constants), and for each ``k`` in ``cuts`` the
-        move of the head's queries and keys when its top ``k`` sources of a side leave their mean
-        (:class:`WindowParts`). One pass over the blocks' writes serves all of it."""
+    ) -> list[Prepared]:
+        """One window of this layer for the heads ``heads``, ready for the pass over the blocks'
+        writes (:meth:`flush`): each head's cotangents pulled back to the block's input (one
+        backward for every head and side). ``centred [h, R, T]`` is each head's attention minus the
+        uniform over the keys it sees, at the rows read. With ``tops`` (per head, its top key and
+        query sources, ranked on the fit split), the evaluation split's reading of them: the first
+        ``individual`` of each side one by one, the ranks between the ``cuts`` above as groups.
+        Heads come in chunks whose held pull-backs fit :data:`PULLBACK_BYTES`."""
         chosen = torch.tensor(list(heads))
         group = parts.query.shape[0] // parts.key.shape[0]
         groups = chosen // group
         query = parts.query[chosen]  # [h, R, d]
         kbar = torch.einsum("hrt,htd->hrd", centred, parts.key[groups])
         margin = parts.scaling * (query * kbar).sum((-1, -2))
-        n, rows = len(heads), parts.rows
+        rows = parts.rows
         length, d_model = parts.key.shape[1], self.w_q.shape[1]
         g_key = parts.scaling * torch.einsum("hrt,hrd->htd", centred, query)  # [h, T, d]
         g_query = parts.scaling * kbar  # [h, R, d]
         x = recording.x[self.layer].double()
         scale = self.norm.scale(x) if self.norm is not None else None
-        key_num = torch.zeros(n, len(self.sources), dtype=torch.float64)
-        query_num = torch.zeros_like(key_num)
-        bias_index = len(self.sources) - 1
-        # What the evaluation split keeps of the writes as they go by (D-space, float64).
-        plans = [_TopPlan.of(top, cuts, individual) for top in tops] if tops is not None else []
-        keep_key = {s for plan in plans for s in plan.key_individual}
-        keep_query = {s for plan in plans for s in plan.query_individual}
-        full: dict[int, torch.Tensor] = {}
-        at_rows: dict[int, torch.Tensor] = {}
-        key_groups = [[torch.zeros_like(x) for _ in plan.key_groups] for plan in plans]
-        query_groups = [
-            [torch.zeros(len(rows), d_model, dtype=torch.float64) for _ in plan.query_groups]
-            for plan in plans
-        ]
-        means = torch.zeros(len(self.sources), d_model, dtype=torch.float64)
-        # r for a chunk of heads [c, T, D] is held while the block writes go by; each backward runs
-        # on fewer heads (its input and intermediates are [2c, T, w] several times over).
         width = self.w_q.shape[0] + self.w_k.shape[0]
         held = max(1, PULLBACK_BYTES // (8 * length * (d_model + len(rows))))
         per_backward = max(1, PULLBACK_BYTES // (8 * 2 * length * 4 * width))
-        bias = torch.zeros_like(x)
-        for start in range(0, n, held):
-            part = slice(start, min(n, start + held))
+        out = []
+        for start in range(0, len(heads), held):
+            part = slice(start, min(len(heads), start + held))
             r_key, r_query = self._pull_back(parts, chosen[part], g_key[part], g_query[part], per_backward)
             if scale is not None:
                 assert self.norm is not None
                 r_key = self.norm.fold(r_key) / scale[None, :, None]
                 r_query = self.norm.fold(r_query) / scale[None, rows, None]
-            flat_key, flat_query = r_key.reshape(r_key.shape[0], -1), r_query.reshape(r_query.shape[0], -1)
-            bias = torch.zeros_like(x)
-            first = start == 0
-            for columns, write, b in self._writes_by_block(recording):
-                # write: [c, T, D] the block's sources (its heads, then its MLP); b: its bias part
-                key_num[part, columns] = flat_key @ write.reshape(len(columns), -1).T
-                query_num[part, columns] = flat_query @ write[:, rows].reshape(len(columns), -1).T
-                bias += b
-                if first and plans:
-                    self._keep(columns, write, rows, plans, keep_key, keep_query, full, at_rows)
-                    self._accumulate(columns, write, rows, plans, key_groups, query_groups)
-                    if length > 1:
-                        means[columns] = write[:, 1:].mean(1)
+            plans = [_TopPlan.of(top, cuts, individual) for top in tops[part]] if tops is not None else []
+            out.append(
+                Prepared(
+                    self,
+                    parts,
+                    chosen[part],
+                    groups[part],
+                    g_key[part],
+                    g_query[part],
+                    margin[part],
+                    x,
+                    scale,
+                    r_key.reshape(r_key.shape[0], -1),
+                    r_query.reshape(r_query.shape[0], -1),
+                    plans,
+                )
+            )
+        return out
+
+    def flush(self, recording: Recording, prepared: Sequence[Prepared]) -> list[WindowParts]:
+        """The pass over the blocks' writes for every prepared layer below or at this one (this
+        decomposer is the deepest's): each block's writes are rebuilt once and read by every layer
+        above it: each source's part of each head's margin (its write against the pull-back), and
+        what the evaluation split keeps. A post-norm model renormalises each source for the layer
+        it enters, so there each layer has its own pass (:attr:`shares_writes` is False)."""
+        assert self.shares_writes or all(p.decomposer is self for p in prepared)
+        means = torch.zeros(len(self.sources), self.w_q.shape[1], dtype=torch.float64)
+        length = recording.x[0].shape[0]
+        for p in prepared:
+            p.start()
+        for columns, write, b in self._writes_by_block(recording):
+            flat = write.reshape(len(columns), -1)
+            for p in prepared:
+                if columns[-1] < len(p.decomposer.sources) - 1:
+                    p.read(columns, write, flat, b)
+            if length > 1:
+                means[columns] = write[:, 1:].mean(1)
+        return [p.decomposer._finish(p, means) for p in prepared]
+
+    def _finish(self, p: Prepared, block_means: torch.Tensor) -> WindowParts:
+        rows, length = p.parts.rows, p.x.shape[0]
+        bias_index = len(self.sources) - 1
         # The bias source (the biases of the blocks below, the input norm's, the projections'):
         # affine, so its part is one call of the module's code, constants included.
-        normed = self._normed(bias[None], scale)
+        normed = self._normed(p.bias[None], p.scale)
         if self.norm is not None:
             normed = normed + self.norm.bias.to(normed.device)
         q_bias, k_bias = self.post(self._project(normed, rows, [True]), rows)
-        key_num[:, -1] = (k_bias[0][groups] * g_key).sum((-1, -2))
-        query_num[:, -1] = (q_bias[0][chosen] * g_query).sum((-1, -2))
-        found = WindowParts(key_num, query_num, margin)
-        if not plans:
+        p.key_num[:, -1] = (k_bias[0][p.groups] * p.g_key).sum((-1, -2))
+        p.query_num[:, -1] = (q_bias[0][p.chosen] * p.g_query).sum((-1, -2))
+        found = WindowParts(p.key_num, p.query_num, p.margin)
+        if not p.plans:
             return found
+        means = block_means[: len(self.sources)].clone()
         if length > 1:
-            means[bias_index] = bias[1:].mean(0)
-        full[bias_index], at_rows[bias_index] = bias, bias[rows]
-        for i, plan in enumerate(plans):
-            for slot, members in enumerate(plan.key_groups):
-                if bias_index in members:
-                    key_groups[i][slot] += bias
-            for slot, members in enumerate(plan.query_groups):
-                if bias_index in members:
-                    query_groups[i][slot] += bias[rows]
+            means[bias_index] = p.bias[1:].mean(0)
+        p.full[bias_index], p.at_rows[bias_index] = p.bias, p.bias[rows]
+        p.key_acc += p.key_member[:, bias_index, None, None] * p.bias
+        p.query_acc += p.query_member[:, bias_index, None, None] * p.bias[rows]
         constant = self._constant_parts(rows, length)
         # every source at its mean: the block's input less its mean, one more item per side
-        everything = x - (x[1:].mean(0) if length > 1 else x[0])
-        for i, plan in enumerate(plans):
+        everything = p.x - (p.x[1:].mean(0) if length > 1 else p.x[0])
+        slot = 0
+        for i, plan in enumerate(p.plans):
+            count = len(plan.bounds)
             found.heads.append(
                 self._head_tops(
-                    int(chosen[i]),
-                    int(groups[i]),
+                    int(p.chosen[i]),
+                    int(p.groups[i]),
                     plan,
-                    full,
-                    at_rows,
-                    key_groups[i],
-                    query_groups[i],
+                    p.full,
+                    p.at_rows,
+                    list(p.key_acc[slot : slot + count]),
+                    list(p.query_acc[slot : slot + count]),
                     means,
-                    scale,
+                    p.scale,
                     rows,
                     constant,
                     everything,
                 )
             )
+            slot += count
         return found
-
-    def _keep(
-        self,
-        columns: list[int],
-        write: torch.Tensor,
-        rows: torch.Tensor,
-        plans: list[_TopPlan],
-        keep_key: set[int],
-        keep_query: set[int],
-        full: dict[int, torch.Tensor],
-        at_rows: dict[int, torch.Tensor],
-    ) -> None:
-        for slot, source in enumerate(columns):
-            if source in keep_key:
-                full[source] = write[slot]
-            if source in keep_query:
-                at_rows[source] = write[slot, rows]
-
-    def _accumulate(
-        self,
-        columns: list[int],
-        write: torch.Tensor,
-        rows: torch.Tensor,
-        plans: list[_TopPlan],
-        key_groups: list[list[torch.Tensor]],
-        query_groups: list[list[torch.Tensor]],
-    ) -> None:
-        where = {source: slot for slot, source in enumerate(columns)}
-        for i, plan in enumerate(plans):
-            for slot, members in enumerate(plan.key_groups):
-                for source in members:
-                    if source in where:
-                        key_groups[i][slot] += write[where[source]]
-            for slot, members in enumerate(plan.query_groups):
-                for source in members:
-                    if source in where:
-                        query_groups[i][slot] += write[where[source], rows]
 
     def _constant_parts(self, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The module's code on the constant input (the input norm's bias through the projections,
