@@ -297,6 +297,23 @@ def test_describe_why_adds_each_heads_sources_to_its_card(toy, tmp_path):
     assert Atlas.from_json(old).why is None
 
 
+def test_the_budgets_split_the_work_without_moving_a_number(monkeypatch):
+    """The pull-backs in chunks of one head, each block's writes one head at a time (through Gemma 3's
+    post-attention norm, whose statistic then comes from the block's total) and a pass over the
+    blocks' writes per layer give the numbers of one pass over everything."""
+    from headscope.analyses import qk
+    from headscope.capture import sources
+
+    loaded = tiny_gemma()
+    options = dict(repeat_seq=2, seq_len=8, windows=4, rows=0, resamples=200)
+    whole = hs.qk(loaded, **options).qk
+    monkeypatch.setattr(sources, "PULLBACK_BYTES", 1)
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(qk, "WAITING_BYTES", 1)
+    split = hs.qk(loaded, **options).qk
+    assert qk.shares_gap(whole, split) < 1e-12
+
+
 def test_sources_too_large_for_memory_are_refused_before_any_pass(toy, monkeypatch):
     from headscope.capture import sources
 

@@ -230,7 +230,7 @@ class _Waiting:
 # What the layers waiting for one pass over the blocks' writes may hold (their pull-backs and the
 # evaluation split's writes); past it the pass runs. The pass rebuilds every block's writes below the
 # deepest layer waiting, so each pass over L layers saves L - 1 rebuilds of them.
-WAITING_BYTES = 384 << 20
+WAITING_BYTES = 256 << 20
 
 
 class Split:
@@ -898,7 +898,8 @@ def explain(
         heads.setdefault(layer, []).append(h)
     heads = {layer: sorted(hs) for layer, hs in sorted(heads.items())}
     _check_memory(loaded, max(len(p[0]) for p in fit_pairs + eval_pairs), max(heads))
-    decomposers = {layer: Decomposer(loaded, layer) for layer in heads}
+    shared: dict[int, Any] = {}  # W_O of each layer, one copy for every layer's decomposer
+    decomposers = {layer: Decomposer(loaded, layer, shared) for layer in heads}
     fit = _run_split(
         loaded, fit_pairs, heads, decomposers, RowSample(rows, seed, 0), None, [], progress, "qk: fit", oracle
     )
@@ -936,14 +937,25 @@ def explain(
 
 
 def _check_memory(loaded: Any, length: int, last: int) -> None:
-    from headscope.capture.sources import MAX_SOURCE_BYTES
+    """Refuse a window whose decomposition would not fit, before any pass. A pre-norm model's pass
+    records every block's input, heads' outputs and attention input up to ``last`` (float32) and
+    works within fixed budgets beyond them (the pull-backs, one block's writes, the layers waiting for
+    a pass); a post-norm model (BERT and kin) builds every source's write at the layer's input
+    (float64)."""
+    from headscope.capture import sources
 
-    count = len(source_names(loaded, last))
-    needed = count * length * loaded.layout.d_model * 8
-    if needed > MAX_SOURCE_BYTES:
+    d_model = loaded.layout.d_model
+    blocks = anatomy.blocks(loaded.model)
+    if all(sources.post_block_norms(block) is None for block in blocks):
+        needed = 3 * (last + 1) * length * d_model * 4
+        what = f"qk: recording {last + 1} blocks x {length} tokens x d_model {d_model} (3 tensors each)"
+    else:
+        count = len(source_names(loaded, last))
+        needed = count * length * d_model * 8
+        what = f"qk: {count} sources x {length} tokens x d_model {d_model}"
+    if needed > sources.MAX_SOURCE_BYTES:
         raise InputError(
-            f"qk: {count} sources x {length} tokens x d_model {loaded.layout.d_model} would need "
-            f"{needed / 2**30:.1f} GiB for layer {last}'s sources",
+            f"{what} would need {needed / 2**30:.1f} GiB for layer {last}",
             hint="lower --context, or restrict --heads to shallower layers",
         )
 

@@ -51,11 +51,14 @@ from .dla import FrozenNorm, attention_layers, post_norms, residual_parts
 from .hooks import hooked
 
 PROBE_IMPLEMENTATION = "headscope_qk_probe"
-# Source writes kept for one window: sources x tokens x d_model float32. Past this, refuse.
+# What qk may record for one window (a pre-norm model's blocks' inputs, heads' outputs and attention
+# inputs; a post-norm model's every source's write): past this, it refuses before any pass.
 MAX_SOURCE_BYTES = 3 << 30
 CHUNK_ELEMENTS = 1 << 24  # sources x tokens x d_model per projection chunk (128 MB in float64)
 # The pull-back's working set: the heads whose r is held at once, and the heads of one backward.
-PULLBACK_BYTES = 256 << 20
+PULLBACK_BYTES = 128 << 20
+# One block's rebuilt writes held at once (float64); a wider block is rebuilt a few heads at a time.
+BLOCK_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -862,7 +865,7 @@ class Prepared:
         """One block's writes ``[c, T, D]`` (``flat``: ``[c, T * D]``) and its bias part."""
         rows = self.parts.rows
         at_rows = write[:, rows]
-        self.key_num[:, columns] = self.r_key @ flat.T
+        # the key side is read by the pass a few blocks at a time (Decomposer.flush), in one product
         self.query_num[:, columns] = self.r_query @ at_rows.reshape(len(columns), -1).T
         self.bias += bias
         if not self.plans:
@@ -883,7 +886,8 @@ class Prepared:
 class Decomposer:
     """The decomposition of one layer's scores over its sources, for one recorded window."""
 
-    def __init__(self, loaded: Any, layer: int) -> None:
+    def __init__(self, loaded: Any, layer: int, shared: dict[int, Any] | None = None) -> None:
+        """``shared``: the output projections by layer, one copy for every decomposer of a run."""
         reason = refusal(loaded)
         if reason is not None:
             raise Unsupported(f"qk: {loaded.name}: {reason}")
@@ -900,10 +904,12 @@ class Decomposer:
         self.sources = source_names(loaded, layer)
         self.columns: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         layers = [j for j in attention_layers(loaded) if j < layer]
-        self.w_o = {
-            j: projections.output_projection(projections.attention_module(blocks[j]), loaded.layout.n_heads)
-            for j in layers
-        }
+        shared = {} if shared is None else shared
+        for j in layers:
+            if j not in shared:
+                attention_j = projections.attention_module(blocks[j])
+                shared[j] = projections.output_projection(attention_j, loaded.layout.n_heads)
+        self.w_o = {j: shared[j] for j in layers}
         self.post_norms = post_norms(loaded, layers)
         self.multiplier = anatomy.residual_multiplier(model.config)
         # Post-norm blocks below: both norms, read as LayerNorms with each token's statistic frozen.
@@ -1004,6 +1010,7 @@ class Decomposer:
             self._project(actual_in.double()[None], None)[0:1], kwargs, rows
         )
         parts = LayerParts(self.layer, rows, query[0][:, rows], key[0], scaling, self.sources)
+        self._zeros: dict[str, torch.Tensor | None] = {}  # the module's code on zeros, this window
         if self.columns is None:
             self.columns = self._head_columns(parts)
         return parts
@@ -1105,6 +1112,22 @@ class Decomposer:
         length = recording.x[0].shape[0]
         for p in prepared:
             p.start()
+        # Each waiting layer's key-side pull-backs against a few blocks' writes at once: one product
+        # of [heads, T * D] by [T * D, sources] (a product per block would read the pull-backs again
+        # for every ten sources).
+        buffered: list[tuple[list[int], torch.Tensor]] = []
+
+        def drain() -> None:
+            if not buffered:
+                return
+            columns = [c for cols, _ in buffered for c in cols]
+            flat = torch.cat([w.reshape(len(cols), -1) for cols, w in buffered])
+            for p in prepared:
+                valid = [k for k, c in enumerate(columns) if c < len(p.decomposer.sources) - 1]
+                if valid:
+                    p.key_num[:, [columns[k] for k in valid]] = p.r_key @ flat[valid].T
+            buffered.clear()
+
         for columns, write, b in self._writes_by_block(recording):
             flat = write.reshape(len(columns), -1)
             for p in prepared:
@@ -1112,6 +1135,10 @@ class Decomposer:
                     p.read(columns, write, flat, b)
             if length > 1:
                 means[columns] = write[:, 1:].mean(1)
+            buffered.append((columns, write))
+            if sum(w.numel() for _, w in buffered) * 8 >= BLOCK_BYTES // 2:
+                drain()
+        drain()
         return [p.decomposer._finish(p, means) for p in prepared]
 
     def _finish(self, p: Prepared, block_means: torch.Tensor) -> WindowParts:
@@ -1241,14 +1268,15 @@ class Decomposer:
             cols = k_cols[group]
             projected = torch.zeros(writes.shape[0], length, self.w_k.shape[0], dtype=torch.float64)
             projected[..., cols] = normed @ self.w_k[cols].T
-            found = self.post.keys(projected) - self.post.keys(torch.zeros_like(projected[:1]))
-            return found[:, group]
+            if self._zeros.get("key") is None:
+                self._zeros["key"] = self.post.keys(torch.zeros_like(projected[:1]))
+            return (self.post.keys(projected) - self._zeros["key"])[:, group]
         cols = q_cols[head]
         projected = torch.zeros(writes.shape[0], len(rows), self.w_q.shape[0], dtype=torch.float64)
         projected[..., cols] = normed @ self.w_q[cols].T
-        zero = torch.zeros_like(projected[:1])
-        found = self.post.queries(projected, rows, length) - self.post.queries(zero, rows, length)
-        return found[:, head]
+        if self._zeros.get("query") is None:
+            self._zeros["query"] = self.post.queries(torch.zeros_like(projected[:1]), rows, length)
+        return (self.post.queries(projected, rows, length) - self._zeros["query"])[:, head]
 
     def _pull_back(
         self,
@@ -1283,20 +1311,20 @@ class Decomposer:
                 q, k = self.post(inputs, plain_rows)
                 total = (k[:c] * cot_key).sum() + (q[c:] * cot_query).sum()
                 (grad,) = torch.autograd.grad(total, inputs)
-            for slot, i in enumerate(some):
-                r_key[i] = self._through(grad[slot], weight)
-                r_query[i] = self._through(grad[c + slot, rows], weight)
+            # Back through the projections, each head through the columns that reach it (a KV
+            # group's heads share their keys' columns: one product per group).
+            assert self.columns is not None
+            q_cols, k_cols = self.columns
+            q_width = self.w_q.shape[0]
+            heads_here = [int(chosen[i]) for i in some]
+            for g in sorted({h // group for h in heads_here}):
+                slots = [s for s, h in enumerate(heads_here) if h // group == g]
+                cols = k_cols[g] + q_width
+                r_key[[start + s for s in slots]] = grad[slots][:, :, cols] @ weight[cols]
+            for s, h in enumerate(heads_here):
+                cols = q_cols[h]
+                r_query[start + s] = grad[c + s, rows][:, cols] @ weight[cols]
         return r_key, r_query
-
-    @staticmethod
-    def _through(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """One head's cotangent of the projected input ``[P, w]`` back through the projections
-        ``[w, D]``, through the columns it reaches only (its KV group's keys, its own queries; every
-        column where the module mixes heads)."""
-        used = grad.abs().amax(0).nonzero().squeeze(1)
-        if not len(used):
-            return torch.zeros(grad.shape[0], weight.shape[1], dtype=torch.float64)
-        return grad[:, used] @ weight[used]
 
     def _writes_by_block(
         self, recording: Recording
@@ -1316,21 +1344,57 @@ class Decomposer:
                     (bias if start == 0 else torch.zeros_like(bias)),
                 )
             return
-        x = {j: recording.x[j].double() for j in range(self.layer + 1)}
-        zero = torch.zeros_like(x[0])
-        yield [0], x[0][None], zero
+        before = recording.x[0].double()
+        zero = torch.zeros_like(before)
+        yield [0], before[None], zero
         at = 1
         for j in range(self.layer):
-            if j in self.w_o:
-                each, b = self._heads_write(j, recording)
-                each, b = residual_parts(each, b, self.post_norms.get(j), self.multiplier)
-                each = each.transpose(0, 1)  # [H, T, D]
-                mlp = x[j + 1] - x[j] - each.sum(0) - b
-                yield list(range(at, at + each.shape[0] + 1)), torch.cat([each, mlp[None]]), b
-                at += each.shape[0] + 1
-            else:
-                yield [at], (x[j + 1] - x[j])[None], zero
+            after = recording.x[j + 1].double()
+            if j not in self.w_o:
+                yield [at], (after - before)[None], zero
                 at += 1
+            else:
+                n_heads = self.w_o[j][0].shape[0]
+                per = max(1, BLOCK_BYTES // (8 * before.numel()))
+                if per > n_heads:
+                    each, b = self._heads_write(j, recording)
+                    each, b = residual_parts(each, b, self.post_norms.get(j), self.multiplier)
+                    each = each.transpose(0, 1)  # [H, T, D]
+                    mlp = after - before - each.sum(0) - b
+                    yield list(range(at, at + n_heads + 1)), torch.cat([each, mlp[None]]), b
+                else:
+                    yield from self._block_in_chunks(j, recording, at, before, after, per)
+                at += n_heads + 1
+            before = after
+
+    def _block_in_chunks(
+        self, j: int, recording: Recording, at: int, before: torch.Tensor, after: torch.Tensor, per: int
+    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+        """Block ``j``'s heads' writes ``per`` heads at a time, then its MLP's (a block whose writes
+        would pass :data:`BLOCK_BYTES` at once): the attention output's statistic (a post-attention
+        norm's) from its total, which is one product through ``W_O``."""
+        w_o, b_o = self.w_o[j]
+        w_o = w_o.double()
+        heads = recording.heads[j].double()
+        heads = heads.reshape(heads.shape[0], w_o.shape[0], -1)  # [T, H, dv]
+        total = torch.einsum("thd,hde->te", heads, w_o)
+        raw_bias = b_o.detach().double().expand_as(total) if b_o is not None else torch.zeros_like(total)
+        post = self.post_norms.get(j)
+        scale = post.scale(total + raw_bias) if post is not None else None
+
+        def through(write: torch.Tensor) -> torch.Tensor:
+            if post is not None:
+                assert scale is not None
+                write = post.linear(write, scale.expand(write.shape[:-1]))
+            return write * self.multiplier
+
+        b = through(raw_bias) + (post.bias * self.multiplier if post is not None else 0.0)
+        for start in range(0, w_o.shape[0], per):
+            stop = min(w_o.shape[0], start + per)
+            each = torch.einsum("thd,hde->hte", heads[:, start:stop], w_o[start:stop])
+            yield list(range(at + start, at + stop)), through(each), torch.zeros_like(total)
+        mlp = after - before - through(total) - b
+        yield [at + w_o.shape[0]], mlp[None], b
 
     # --- the projection path: every source projected (the oracle of the pull-back, in tests) --------
 

@@ -261,19 +261,17 @@ def _applying(
     those that name none (an encoder-only pattern on a causal model, a user's template whose keys
     all lie after the query, or one with no targets): a template that never applies would leave
     every head "none", explained 0, with nothing said. None applying is refused."""
-    hits = np.zeros(len(chosen), dtype=np.int64)
-    for example, text in enumerate(texts):
-        t, q, _, _ = maps.targets(example)
-        queries = (q > 0) & text.content[q] if len(q) else np.zeros(0, dtype=bool)
-        hits += np.bincount(t[queries], minlength=len(chosen))
-    silent = [template.name for template, n in zip(chosen, hits, strict=True) if n == 0]
+    hits = np.zeros(len(chosen), dtype=bool)
+    for example in range(len(texts)):
+        hits |= maps.named(example)
+    silent = [template.name for template, hit in zip(chosen, hits, strict=True) if not hit]
     if len(silent) == len(chosen):
         raise InputError(
             f"no template names a key this model can attend to on the {len(texts)} fit windows "
             f"({', '.join(silent)}): every head would be described by nothing",
             hint="choose templates that look at the query's own or earlier keys (--templates)",
         )
-    return [template for template, n in zip(chosen, hits, strict=True) if n > 0], silent
+    return [template for template, hit in zip(chosen, hits, strict=True) if hit], silent
 
 
 @register

@@ -32,7 +32,7 @@ import torch
 
 from headscope.capture import Batch
 
-from .templates import QUERY_CLASSES, Template, Text, template_targets
+from .templates import QUERY_CLASSES, Rule, Template, Text, template_targets
 
 N_CLASSES = len(QUERY_CLASSES)
 
@@ -40,6 +40,7 @@ N_CLASSES = len(QUERY_CLASSES)
 BLOCK = 16  # consecutive query rows per sampled block (each block is one exact span per layer)
 EXCERPT = 48  # at most this many tokens of an evaluation window are drawn as a head's heatmaps
 _CACHE_BYTES = 256 << 20  # template maps kept per batch (every layer of a batch reads the same ones)
+_NO_TARGETS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
 class RowSample:
@@ -105,13 +106,16 @@ class ExcerptRows:
 
 
 class TemplateMaps:
-    """Each template's target weights for one chunk of a batch, built from the texts' targets
-    (``[templates, B, c, K']``), and normalised over the keys a layer's mask leaves visible. The
-    chunks of the current batch are kept (within :data:`_CACHE_BYTES`): every layer reads them."""
+    """Each template's target weights for one chunk of a batch (``[templates, B, c, K']``), and
+    normalised over the keys a layer's mask leaves visible. A template given by a :class:`Rule`
+    (the dense ones) is drawn into the chunk by its rule; the others' targets are listed once per
+    window. The chunks of the current batch are kept (within :data:`_CACHE_BYTES`): every layer
+    reads them."""
 
     def __init__(self, templates: Sequence[Template], texts: Sequence[Text]) -> None:
         self.templates = list(templates)
         self.texts = texts
+        self._rules = [(i, t.targets) for i, t in enumerate(self.templates) if isinstance(t.targets, Rule)]
         self._targets: dict[int, tuple[np.ndarray, ...]] = {}
         self._batch: int | None = None
         # (q_start, stop, keys) -> (raw, [(visible, normed, by_query or None)])
@@ -119,10 +123,15 @@ class TemplateMaps:
         self._bytes = 0
 
     def targets(self, example: int) -> tuple[np.ndarray, ...]:
-        """``(template, query, key, weight)`` of every template's targets in one window, by query."""
+        """``(template, query, key, weight)`` of the listed templates' targets in one window (not
+        the rules'), by query."""
         if example not in self._targets:
             text = self.texts[example]
-            parts = [template_targets(template, text) for template in self.templates]
+            ruled = {i for i, _ in self._rules}
+            parts = [
+                _NO_TARGETS if i in ruled else template_targets(template, text)
+                for i, template in enumerate(self.templates)
+            ]
             t = np.concatenate([np.full(len(q), i, dtype=np.int64) for i, (q, _, _) in enumerate(parts)])
             q, k, w = (np.concatenate([np.asarray(p[j]) for p in parts]) for j in range(3))
             order = np.argsort(q, kind="stable")
@@ -133,6 +142,18 @@ class TemplateMaps:
                 w[order].astype(np.float64),
             )
         return self._targets[example]
+
+    def named(self, example: int) -> np.ndarray:
+        """``[templates]`` bool: whether each template names a key at some query of one window
+        after its first token."""
+        text = self.texts[example]
+        t, q, _, _ = self.targets(example)
+        queries = (q > 0) & text.content[q] if len(q) else np.zeros(0, dtype=bool)
+        out = np.bincount(t[queries], minlength=len(self.templates)) > 0
+        n = len(text)
+        for i, rule in self._rules:  # a block of queries at a time: most name a key in the first
+            out[i] = any(rule.grid(text, a, min(n, a + BLOCK), n).any() for a in range(1, n, BLOCK))
+        return out
 
     def _chunk(
         self, batch: Batch, q_start: int, stop: int, keys: int
@@ -145,6 +166,8 @@ class TemplateMaps:
         rows = batch.input_ids.shape[0]
         out = torch.zeros(len(self.templates), rows, stop - q_start, keys, dtype=torch.float32)
         for row, example in enumerate(batch.example_index.tolist()):
+            for i, rule in self._rules:
+                out[i, row] = torch.from_numpy(rule.grid(self.texts[example], q_start, stop, keys))
             t, q, k, w = self.targets(example)
             lo, hi = np.searchsorted(q, q_start), np.searchsorted(q, stop)
             if hi <= lo:

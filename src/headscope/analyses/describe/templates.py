@@ -459,16 +459,42 @@ def _queries(text: Text) -> np.ndarray:
     return np.nonzero(text.content)[0]
 
 
-def _relative(text: Text, keep: Callable[[np.ndarray, np.ndarray], np.ndarray], weight=None) -> Targets:
-    """Pairs (q, k) over all content queries and all keys where ``keep(q, k)`` holds."""
-    n = len(text)
-    q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    ok = keep(q, k) & text.content[q]
-    if text.causal:
-        ok &= k <= q
-    qs, ks = q[ok], k[ok]
-    w = np.ones(len(qs)) if weight is None else weight(qs, ks)
-    return qs.astype(np.int64), ks.astype(np.int64), np.asarray(w, dtype=np.float64)
+@dataclass(frozen=True)
+class Rule:
+    """A template's targets as a rule on positions (local, decay, broad, the key classes):
+    ``keep(text, q, k)`` is True where it names key k at query q (arrays that broadcast), and
+    ``weight(q, k)`` gives the weights there (1 where None). Called on a text, it lists every pair,
+    as any template's ``targets`` does; :meth:`grid` gives the weights at a range of queries
+    without listing them. These templates name O(n²) pairs in a window of n tokens while describe
+    reads a few query rows of it: listing every pair of every window grew with the window's square,
+    faster than the forward pass (:class:`~headscope.analyses.describe.fit.TemplateMaps` draws
+    them with :meth:`grid` instead)."""
+
+    keep: Callable[[Text, np.ndarray, np.ndarray], np.ndarray]
+    weight: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+
+    def grid(self, text: Text, start: int, stop: int, keys: int) -> np.ndarray:
+        """``[stop - start, keys]`` float64: the weights at queries ``start..stop-1`` over keys
+        ``0..keys-1``; 0 where it names nothing (not a content query, past the window's end, a key
+        a causal model cannot see)."""
+        n = len(text)
+        out = np.zeros((stop - start, keys))
+        # A causal model's queries up to stop - 1 see no key from stop on: those columns stay 0.
+        seen = min(keys, n, stop) if text.causal else min(keys, n)
+        q = np.arange(start, min(stop, n))[:, None]
+        k = np.arange(seen)[None, :]
+        ok = self.keep(text, q, k) & text.content[q]
+        if text.causal:
+            ok = ok & (k <= q)
+        ok = np.broadcast_to(ok, (len(q), seen))
+        out[: len(q), :seen] = ok if self.weight is None else np.where(ok, self.weight(q, k), 0.0)
+        return out
+
+    def __call__(self, text: Text) -> Targets:
+        """Every pair in ``text``, by query (the order a template's targets are listed in)."""
+        grid = self.grid(text, 0, len(text), len(text))
+        q, k = np.nonzero(grid)
+        return q.astype(np.int64), k.astype(np.int64), grid[q, k]
 
 
 def sink(text: Text) -> Targets:
@@ -501,28 +527,22 @@ def offset(n: int) -> Callable[[Text], Targets]:
     return targets
 
 
-def local(width: int) -> Callable[[Text], Targets]:
-    def targets(text: Text) -> Targets:
-        if text.causal:
-            return _relative(text, lambda q, k: q - k < width)
-        return _relative(text, lambda q, k: np.abs(q - k) <= width // 2)
+def local(width: int) -> Rule:
+    def keep(text: Text, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return q - k < width if text.causal else np.abs(q - k) <= width // 2
 
-    return targets
+    return Rule(keep)
 
 
-def decay(rate: float) -> Callable[[Text], Targets]:
+def decay(rate: float) -> Rule:
     reach = int(np.ceil(np.log(1e-3) / np.log(rate)))  # weights below 1e-3 of the nearest are dropped
 
-    def targets(text: Text) -> Targets:
-        return _relative(
-            text, lambda q, k: np.abs(q - k) <= reach, weight=lambda q, k: rate ** np.abs(q - k).astype(float)
-        )
-
-    return targets
+    return Rule(
+        lambda text, q, k: np.abs(q - k) <= reach, weight=lambda q, k: rate ** np.abs(q - k).astype(float)
+    )
 
 
-def broad(text: Text) -> Targets:
-    return _relative(text, lambda q, k: np.ones_like(q, dtype=bool))
+broad = Rule(lambda text, q, k: np.ones_like(q, dtype=bool))
 
 
 def _earlier_same(text: Text, shift: int) -> Targets:
@@ -683,12 +703,11 @@ def dep_child(text: Text) -> Targets:
     return _pairs(queries, keys)
 
 
-def key_class(name: str) -> Callable[[Text], Targets]:
-    def targets(text: Text) -> Targets:
-        member = text.key_classes()[name]
-        return _relative(text, lambda q, k: member[k] & (k < q if text.causal else k != q))
+def key_class(name: str) -> Rule:
+    def keep(text: Text, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return text.key_classes()[name][k] & (k < q if text.causal else k != q)
 
-    return targets
+    return Rule(keep)
 
 
 def _builtins() -> list[Template]:
