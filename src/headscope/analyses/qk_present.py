@@ -29,9 +29,29 @@ def reconstructed(entry: dict[str, Any], k: int) -> dict[str, Any] | None:
     return next((r for r in entry.get("reconstructed", []) if r["k"] == k), None)
 
 
+# The terminal leads with the heads a researcher looks for: those with a role the detectors found,
+# in this order, then the heads without one, then sink heads (their margin is their rest on the first
+# token, explained mostly by an MLP's write there; SmolLM2 has dozens of them).
+ROLE_ORDER = ("induction", "previous-token", "duplicate-token")
+
+
 def ranked(heads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Heads by their top key source's share, largest first; layer 0 last (its only sources are the embedding and biases)."""
-    return sorted(heads, key=lambda e: (e["layer"] == 0, -(e["key"][0]["share"] if e.get("key") else 0.0)))
+    """Heads grouped by role (:data:`ROLE_ORDER`, then other roles by name, then no role, then
+    sink), each group by its top key source's share, largest first; layer 0 last within its group
+    (its only sources are the embedding and biases)."""
+
+    def group(entry: dict[str, Any]) -> tuple[int, str]:
+        role = entry.get("role") or ""
+        if role in ROLE_ORDER:
+            return ROLE_ORDER.index(role), ""
+        if role == "sink":
+            return len(ROLE_ORDER) + 2, ""
+        return (len(ROLE_ORDER), role) if role else (len(ROLE_ORDER) + 1, "")
+
+    return sorted(
+        heads,
+        key=lambda e: (group(e), e["layer"] == 0, -(e["key"][0]["share"] if e.get("key") else 0.0)),
+    )
 
 
 def print_qk(result: Any, console: Any, top: int) -> None:
@@ -47,7 +67,8 @@ def print_qk(result: Any, console: Any, top: int) -> None:
         f"[bold]Why each head attends where it does[/bold] ({escape(found.data)}, "
         f"{found.windows.get('eval', '?')} evaluation windows): each source's share of the head's "
         "margin (attention-weighted score minus the mean score over the visible keys); K-comp and "
-        "Q-comp: the weight-only composition score of a head source"
+        "Q-comp: the weight-only composition score of a head source. Heads by role (induction, "
+        "previous-token, duplicate-token, others, none, sink), then by their top key share"
     )
     for entry in shown:
         role = f" ({entry['role']})" if entry.get("role") else ""
@@ -68,7 +89,7 @@ def print_qk(result: Any, console: Any, top: int) -> None:
         console.print(f"\n{len(heads) - len(shown)} more heads in --csv and --format json (--top shows more)")
     check = found.check
     console.print(
-        f"\ndecomposition check: the sources' parts sum to the model's queries and keys to "
+        f"\ndecomposition check: the sources' parts sum to each head's margin to "
         f"{bound(check.get('score_error'))} relative (tolerance {check.get('score_tolerance', 1e-4):g}); "
         f"softmax of the module's own scores matches its attention to {bound(check.get('attention_error'))}"
     )

@@ -25,6 +25,13 @@ Whatever a family does after the projections, its own code does it; where the pa
 to the model's own scores (ALiBi, soft-capping, attention sinks, differential attention) the check
 in :meth:`Decomposer.layer` fails and nothing is reported.
 
+Nothing is projected source by source (:meth:`Decomposer.prepare` and :meth:`Decomposer.flush`): a
+source's part of a head's margin is linear in its write, ``Σ_t x_b(t) · r(t)``, where ``r`` is the
+head's cotangent pulled back (autograd, float64) through that module code, the projection and the
+frozen input norm; the writes are rebuilt a block at a time from the recorded heads' outputs and one
+pass over them serves several layers. :meth:`Decomposer.decompose`, which projects every source,
+is the oracle the tests hold it to.
+
 :class:`SourceWrites` is the read of a pass that records what the decomposition needs (blocks'
 inputs, attention inputs and call arguments, heads' outputs), and :class:`KeyOnly` in
 :mod:`headscope.capture.edits` removes a source from one layer's key input, the causal check.
