@@ -233,6 +233,20 @@ class _Waiting:
 WAITING_BYTES = 256 << 20
 
 
+def _within(prepared: list[Prepared], budget: int) -> list[list[Prepared]]:
+    """``prepared`` in order, in runs whose held bytes stay within ``budget`` (one each at least):
+    each run is one pass over the blocks' writes."""
+    runs: list[list[Prepared]] = [[]]
+    held = 0
+    for p in prepared:
+        if runs[-1] and held + p.nbytes > budget:
+            runs.append([])
+            held = 0
+        runs[-1].append(p)
+        held += p.nbytes
+    return runs
+
+
 class Split:
     """The reader of one split's pass: attention rows per layer, pulled back at each layer's end and
     decomposed a few layers at a time."""
@@ -371,12 +385,14 @@ class Split:
         waiting, self._waiting = self._waiting, []
         if not waiting:
             return
-        deepest = self.decomposers[max(w.layer for w in waiting)]
         prepared = [p for w in waiting for p in w.prepared]
-        if deepest.shares_writes:
-            results = deepest.flush(recording, prepared)
-        else:
-            results = [found for p in prepared for found in p.decomposer.flush(recording, [p])]
+        results = []
+        for batch in _within(prepared, WAITING_BYTES):
+            deepest = max(batch, key=lambda p: p.decomposer.layer).decomposer
+            if deepest.shares_writes:
+                results += deepest.flush(recording, batch)
+            else:
+                results += [found for p in batch for found in p.decomposer.flush(recording, [p])]
         at = 0
         for w in waiting:
             chunks = results[at : at + len(w.prepared)]

@@ -878,10 +878,11 @@ class Prepared:
         if not self.plans:
             return
         for slot, source in enumerate(columns):
+            # copies: a view would keep the whole block's writes alive through the pass
             if source in self._keep_key:
-                self.full[source] = write[slot]
+                self.full[source] = write[slot].clone()
             if source in self._keep_query:
-                self.at_rows[source] = at_rows[slot]
+                self.at_rows[source] = at_rows[slot].clone()
         member = self.key_member[:, columns]
         if bool(member.any()):
             self.key_acc.view(len(member), -1).add_(member @ flat)
