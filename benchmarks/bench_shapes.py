@@ -21,7 +21,7 @@ Each analysis runs once at 64 tokens first (first-call costs: imports, tokenizer
 length L:
 
 - qk: ``hs.qk`` over every head, 2 windows per split of L tokens of shipped English text, the
-  default 64 query rows a window, no bootstrap. A refusal (qk refuses a window whose sources would
+  default 64 query rows a window, no bootstrap. A refusal (qk refuses a window whose recording would
   not fit its memory bound) is recorded as the row, with the reason, and the run goes on.
 - scan: ``bench_ratios.py``'s "scan (token-level)" row: previous-token, duplicate-token, induction
   and sink on random tokens repeated to L, 4,096 tokens a batch; its bare forward is timed directly
@@ -37,10 +37,9 @@ several times in speed.
 ``--paper`` needs no model: from the shapes alone (the 1B shape as built, and Llama-3.1-8B) it
 works out the largest context each analysis fits in ``--budget-gb``, float32 weights, and names
 the term that dominates there. The terms each analysis is assumed to hold are in the docstrings
-of :func:`scan_terms`, :func:`describe_terms`, :func:`qk_terms` (the model given with issue 54)
-and :func:`qk_code_terms` (what the code holds today, with the evaluation split's projection of
-each head's top sources); the constants they read (query chunk sizes, describe's block and
-cache, qk's refusal bound) are imported from headscope, so they follow the code.
+of :func:`scan_terms`, :func:`describe_terms` and :func:`qk_terms` (what the pull-back holds); the
+constants they read (query chunk sizes, describe's block and cache, qk's budgets and refusal bound)
+are imported from headscope, so they follow the code.
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ import torch
 import headscope as hs
 from headscope.analyses.describe import TEMPLATES, DescribeOptions
 from headscope.analyses.describe.fit import _CACHE_BYTES, BLOCK
-from headscope.analyses.qk import RECONSTRUCT_K
-from headscope.capture.sources import CHUNK_ELEMENTS, MAX_SOURCE_BYTES
+from headscope.analyses.qk import WAITING_BYTES
+from headscope.capture.sources import BLOCK_BYTES, MAX_SOURCE_BYTES, PULLBACK_BYTES
 from headscope.capture.stream import _CHUNK_ELEMENTS
 from headscope.errors import HeadscopeError
 from headscope.files import check_writable, write_atomic
@@ -288,82 +287,36 @@ def describe_terms(s: Shape, length: int) -> dict[str, int]:
     }
 
 
-def qk_heads(s: Shape, length: int) -> int:
-    """The heads whose pull-back is held at once: as many as fit QK_CHUNK, at least one."""
-    width = (s.heads + 2 * s.kv_heads) * s.head_dim
-    per_head = length * s.d_model * F64 + 4 * 2 * length * width * F64
-    return max(1, min(s.heads, QK_CHUNK // per_head))
-
-
 def qk_terms(s: Shape, length: int) -> dict[str, int]:
-    """What qk's pull-back code holds for one window of T tokens while it decomposes a layer
-    (the model given with issue 54; float64 unless said): recorded, every block's input and every
-    layer's heads' outputs, float32 (2 x L x T x D); the pull-back of a chunk of h heads (r_key,
-    h x T x D); the autograd input of that chunk and its intermediates (about 4 x 2h x T x
-    (H + 2 KV) x d_head); one block's writes rebuilt from the recorded outputs ((H + 1) x T x D).
-    The recording pass's own forward holds less (one layer's float32 activations)."""
-    h, width = qk_heads(s, length), (s.heads + 2 * s.kv_heads) * s.head_dim
+    """What qk's pull-back holds for one window of T tokens (float64 unless said; the budgets are
+    imported from headscope): the pass's recording, float32 (every block's input, every layer's
+    heads' outputs and attention input, 3 x L x T x D; and the mask among the attention's call
+    arguments, T^2 bytes); the layers waiting for a pass over the blocks' writes (their pull-backs,
+    H x T x D a layer, and on the evaluation split each head's kept top-source writes: its first
+    6 key sources and 2 groups, at most 8 H x T x D a layer), at most WAITING_BYTES or one layer,
+    whichever is larger; one backward's autograd (PULLBACK_BYTES); one block's rebuilt writes (at
+    most BLOCK_BYTES) and the pass's buffer of writes with its flat copy (BLOCK_BYTES)."""
+    layer = s.heads * length * s.d_model * F64
+    kept = 8 * s.heads * length * s.d_model * F64
     return {
-        "recorded block inputs and head outputs": 2 * s.layers * length * s.d_model * F32,
-        f"pull-back r_key of {h} heads": h * length * s.d_model * F64,
-        f"autograd of {h} heads": 4 * 2 * h * length * width * F64,
-        "one block's rebuilt writes": (s.heads + 1) * length * s.d_model * F64,
-    }
-
-
-def qk_sources(s: Shape) -> int:
-    """The last layer's sources: the embedding, every head and MLP below it, the bias."""
-    return 1 + (s.layers - 1) * (s.heads + 1) + 1
-
-
-def qk_code_terms(s: Shape, length: int) -> dict[str, int]:
-    """qk as the code reads today: :func:`qk_terms`, plus what it leaves out, and the larger of
-    the two phases that decompose a layer (each frees its tensors before the next).
-
-    Always held: the recording also keeps each attention module's input (float32, L x T x D) and
-    the mask among its call arguments (T^2 bytes). The pull-back phase (qk_terms' last three)
-    also rebuilds the writes from float64 copies of every block input up to the layer (for the
-    last layer, L x T x D x 8). The evaluation split then projects each head's top sources
-    (``_top_parts``): the union over the layer's heads of their top RECONSTRUCT_K[-1] sources on
-    each side, at most every source (random weights spread the shares, so take that bound):
-    their writes (float64, n x T x D, all held), their keys and key means (2 x n x KV x T x
-    d_head), each head's top keys less their means (H x 30 x T x d_head), and one projection
-    chunk (c sources, c x T x D <= CHUNK_ELEMENTS: the stacked and the normed writes, 2 D; the
-    projected parts, their mean-projected copy and its scaling, 3 w with w = (H + KV) d_head;
-    RoPE's work on the keys, about 4 KV d_head; per source and token). Checked on a 4-layer,
-    d_model 256 shape (8 heads over 2) at 512 tokens: 276 MB here against +381 MB measured, with
-    the evaluation split's projection at the measured peak; so read this row as a lower bound."""
-    brief = qk_terms(s, length)
-    recorded = {
-        "recorded block inputs and head outputs": brief.pop("recorded block inputs and head outputs"),
-        "recorded attention inputs": s.layers * length * s.d_model * F32,
+        "recorded inputs and outputs (float32)": 3 * s.layers * length * s.d_model * F32,
         "causal mask T^2 bool": length * length,
+        "waiting layers: pull-backs": max(WAITING_BYTES, layer),
+        "waiting layers: evaluation's kept writes": min(kept, max(WAITING_BYTES, kept // s.heads)),
+        "one backward's autograd": PULLBACK_BYTES,
+        "one block's writes and the pass's buffer": min(BLOCK_BYTES, (s.heads + 1) * length * s.d_model * F64)
+        + BLOCK_BYTES,
     }
-    pull_back = {**brief, "float64 block inputs": s.layers * length * s.d_model * F64}
-    top = RECONSTRUCT_K[-1]
-    wanted = min(qk_sources(s), 2 * top * s.heads)
-    width, kv = (s.heads + s.kv_heads) * s.head_dim, s.kv_heads * s.head_dim
-    chunk = min(wanted, max(1, CHUNK_ELEMENTS // (length * s.d_model)))
-    top_parts = {
-        f"eval: writes of {wanted} top sources": wanted * length * s.d_model * F64,
-        "eval: their keys and key means": 2 * wanted * s.kv_heads * length * s.head_dim * F64,
-        "eval: top keys less means": s.heads * top * length * s.head_dim * F64,
-        "eval: one projection chunk": chunk * length * (2 * s.d_model + 3 * width + 4 * kv) * F64,
-    }
-    larger = max(pull_back, top_parts, key=lambda terms: sum(terms.values()))
-    return {**recorded, **larger}
 
 
 def qk_refused_above(s: Shape) -> int:
-    """The longest window qk accepts for the last layer's heads today: it refuses when that
-    layer's sources (the embedding, every head and MLP below, the bias) x T x D x 8 bytes pass
-    MAX_SOURCE_BYTES (qk._check_memory, a bound from before the pull-back)."""
-    return MAX_SOURCE_BYTES // (qk_sources(s) * s.d_model * F64)
+    """The longest window qk accepts for the last layer's heads: it refuses when what the pass
+    records (3 x L x T x D float32, qk._check_memory) passes MAX_SOURCE_BYTES."""
+    return MAX_SOURCE_BYTES // (3 * s.layers * s.d_model * F32)
 
 
 PAPER = {
     "qk": qk_terms,
-    "qk (as coded today)": qk_code_terms,
     "scan": scan_terms,
     "describe": describe_terms,
 }
@@ -403,8 +356,8 @@ def paper(budget_gb: float) -> str:
             )
     lines.append("")
     lines += [
-        f"qk today refuses the last layer's heads of {s.name} on windows above {qk_refused_above(s):,} "
-        f"tokens, BOS included (qk._check_memory: its sources x T x D float64 > "
+        f"qk refuses the last layer's heads of {s.name} on windows above {qk_refused_above(s):,} "
+        f"tokens, BOS included (qk._check_memory: what the pass records, 3 x L x T x D float32 > "
         f"{MAX_SOURCE_BYTES / 2**30:.0f} GiB)"
         for s in SHAPES
     ]

@@ -1144,7 +1144,7 @@ class Decomposer:
             if length > 1:
                 means[columns] = write[:, 1:].mean(1)
             buffered.append((columns, write))
-            if sum(w.numel() for _, w in buffered) * 8 >= BLOCK_BYTES // 2:
+            if sum(w.numel() for _, w in buffered) * 8 >= BLOCK_BYTES // 4:
                 drain()
         drain()
         return [p.decomposer._finish(p, means) for p in prepared]
