@@ -9,9 +9,11 @@ that stops after layer l counts l/L of a forward). Two measurements per length L
 
 - every head (at the lengths of ``--every``): ``hs.qk`` over every head, 2 windows per split of L
   tokens of shipped English text, the default 64 query rows a window, no bootstrap;
-- by depth: one head (H0) of layers 0, L/6, ..., the last, at the same windows: each layer's
-  decomposition projects every source below it (1 + 10 x layer sources on SmolLM2), so the cost
-  grows with depth.
+- by depth: one head (H0) of layers 0, L/6, ..., the last, at the same windows. Each source's share
+  comes from one pull-back per head (no source is projected), so a head's decomposition costs a
+  pass over the writes of the blocks below it (rebuilt from the heads' recorded outputs) against
+  its pull-back, and its top sources through its own columns; every head shares each pass over
+  the blocks' writes among the layers waiting for it.
 
 Quote the ratios, not the seconds: these machines differ 3-4x in speed.
 """

@@ -1172,26 +1172,7 @@ class Decomposer:
         constant = self._constant_parts(rows, length)
         # every source at its mean: the block's input less its mean, one more item per side
         everything = p.x - (p.x[1:].mean(0) if length > 1 else p.x[0])
-        slot = 0
-        for i, plan in enumerate(p.plans):
-            count = len(plan.bounds)
-            found.heads.append(
-                self._head_tops(
-                    int(p.chosen[i]),
-                    int(p.groups[i]),
-                    plan,
-                    p.full,
-                    p.at_rows,
-                    list(p.key_acc[slot : slot + count]),
-                    list(p.query_acc[slot : slot + count]),
-                    means,
-                    p.scale,
-                    rows,
-                    constant,
-                    everything,
-                )
-            )
-            slot += count
+        found.heads = self._tops(p, means, constant, everything)
         return found
 
     def _constant_parts(self, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1204,87 +1185,104 @@ class Decomposer:
         q, k = self.post(self._project(constant, rows, [True]), rows)
         return q[0], k[0]
 
-    def _head_tops(
+    def _tops(
         self,
-        head: int,
-        group: int,
-        plan: _TopPlan,
-        full: dict[int, torch.Tensor],
-        at_rows: dict[int, torch.Tensor],
-        key_groups: list[torch.Tensor],
-        query_groups: list[torch.Tensor],
+        p: Prepared,
         means: torch.Tensor,
-        scale: torch.Tensor | None,
-        rows: torch.Tensor,
         constant: tuple[torch.Tensor, torch.Tensor],
         everything: torch.Tensor,
-    ) -> HeadTops:
-        """One head's top sources through its own query columns and its KV group's key columns."""
+    ) -> list[HeadTops]:
+        """Each head's top sources through its own query columns and its KV group's key columns: the
+        first few one by one (their parts, and their moves from their means), the groups' moves, and
+        every source's (the block input's move from its mean); one call of the module's code per side
+        for every head of the chunk."""
         bias_index = len(self.sources) - 1
-        length = full[bias_index].shape[0]
-        out = HeadTops()
+        rows, length = p.parts.rows, p.x.shape[0]
+        outs = [HeadTops(plan=plan) for plan in p.plans]
+        slot = 0
+        accumulated: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        for plan in p.plans:
+            count = len(plan.bounds)
+            accumulated.append((list(p.key_acc[slot : slot + count]), list(p.query_acc[slot : slot + count])))
+            slot += count
         for side in ("key", "query"):
-            individual = plan.key_individual if side == "key" else plan.query_individual
-            grouped = key_groups if side == "key" else query_groups
-            group_members = plan.key_groups if side == "key" else plan.query_groups
-            writes = [full[s] if side == "key" else at_rows[s] for s in individual]
-            # each individual source as it is, its move from its mean, and each group's move
-            centred_writes = [w - means[s] for w, s in zip(writes, individual, strict=True)]
-            centred_writes += [
-                g - sum((means[s] for s in members), torch.zeros_like(means[0]))
-                for g, members in zip(grouped, group_members, strict=True)
-            ]
-            centred_writes.append(everything if side == "key" else everything[rows])
-            stacked = torch.stack([*writes, *centred_writes])
-            if side == "key":
-                stacked[len(writes) :, 0] = 0.0  # the first position keeps its actual write
-            elif side == "query":
-                stacked[len(writes) :, rows == 0] = 0.0
-            partial = self._head_linear(stacked, head, group, side, scale, rows, length)
-            parts_of = partial[: len(writes)]
-            moves = partial[len(writes) :]
-            if side == "key":
-                for s, part in zip(individual, parts_of, strict=True):
-                    out.key[s] = part + (constant[1][group] if s == bias_index else 0.0)
-                out.key_moves, out.key_all = list(moves[:-1]), moves[-1]
-            else:
-                for s, part in zip(individual, parts_of, strict=True):
-                    out.query[s] = part + (constant[0][head] if s == bias_index else 0.0)
-                out.query_moves, out.query_all = list(moves[:-1]), moves[-1]
-        out.plan = plan
-        return out
+            stacks, counts = [], []
+            for i, plan in enumerate(p.plans):
+                individual = plan.key_individual if side == "key" else plan.query_individual
+                grouped = accumulated[i][0 if side == "key" else 1]
+                members = plan.key_groups if side == "key" else plan.query_groups
+                writes = [p.full[s] if side == "key" else p.at_rows[s] for s in individual]
+                # each individual source as it is, its move from its mean, and each group's move
+                moves = [w - means[s] for w, s in zip(writes, individual, strict=True)]
+                moves += [
+                    g - sum((means[s] for s in m), torch.zeros_like(means[0]))
+                    for g, m in zip(grouped, members, strict=True)
+                ]
+                moves.append(everything if side == "key" else everything[rows])
+                stacked = torch.stack([*writes, *moves])
+                # the first position keeps its actual write
+                if side == "key":
+                    stacked[len(writes) :, 0] = 0.0
+                else:
+                    stacked[len(writes) :, rows == 0] = 0.0
+                stacks.append(stacked)
+                counts.append(len(writes))
+            sizes = [len(stacked) for stacked in stacks]
+            heads = torch.cat([torch.full((n,), int(h)) for n, h in zip(sizes, p.chosen, strict=True)])
+            groups = torch.cat([torch.full((n,), int(g)) for n, g in zip(sizes, p.groups, strict=True)])
+            partial = self._head_linear(torch.cat(stacks), heads, groups, side, p.scale, rows, length)
+            for i, (chunk, count) in enumerate(zip(partial.split(sizes), counts, strict=True)):
+                plan, out = p.plans[i], outs[i]
+                individual = plan.key_individual if side == "key" else plan.query_individual
+                head, group = int(p.chosen[i]), int(p.groups[i])
+                for s, part in zip(individual, chunk[:count], strict=True):
+                    extra = constant[1][group] if side == "key" else constant[0][head]
+                    parts_of = part + extra if s == bias_index else part
+                    (out.key if side == "key" else out.query)[s] = parts_of
+                moves = list(chunk[count:])
+                if side == "key":
+                    out.key_moves, out.key_all = moves[:-1], moves[-1]
+                else:
+                    out.query_moves, out.query_all = moves[:-1], moves[-1]
+        return outs
 
     def _head_linear(
         self,
         writes: torch.Tensor,
-        head: int,
-        group: int,
+        heads: torch.Tensor,
+        groups: torch.Tensor,
         side: str,
         scale: torch.Tensor | None,
         rows: torch.Tensor,
         length: int,
     ) -> torch.Tensor:
         """The linear parts ``[n, P, d]`` of writes ``[n, P, D]`` (P: every position for the keys,
-        the rows read for the queries) in one query head or its KV group's keys: the frozen input
-        norm, the projection through that head's columns only, the module's code, less its call on
-        zeros."""
+        the rows read for the queries), each in its own query head ``heads[i]`` or its KV group's
+        keys ``groups[i]``: the frozen input norm, the projection through that head's columns only,
+        the module's code, less its call on zeros."""
         assert self.columns is not None
         q_cols, k_cols = self.columns
         at = None if scale is None else (scale if side == "key" else scale[rows])
         normed = self._normed(writes, at)
+        which = groups if side == "key" else heads
+        columns = k_cols if side == "key" else q_cols
+        weight = self.w_k if side == "key" else self.w_q
+        positions = length if side == "key" else len(rows)
+        projected = torch.zeros(writes.shape[0], positions, weight.shape[0], dtype=torch.float64)
+        for value in which.unique().tolist():
+            chosen = (which == value).nonzero().squeeze(1)
+            cols = columns[value]
+            block = torch.zeros(len(chosen), positions, weight.shape[0], dtype=torch.float64)
+            block[..., cols] = normed[chosen] @ weight[cols].T
+            projected[chosen] = block
+        index = torch.arange(len(which))
         if side == "key":
-            cols = k_cols[group]
-            projected = torch.zeros(writes.shape[0], length, self.w_k.shape[0], dtype=torch.float64)
-            projected[..., cols] = normed @ self.w_k[cols].T
             if self._zeros.get("key") is None:
                 self._zeros["key"] = self.post.keys(torch.zeros_like(projected[:1]))
-            return (self.post.keys(projected) - self._zeros["key"])[:, group]
-        cols = q_cols[head]
-        projected = torch.zeros(writes.shape[0], len(rows), self.w_q.shape[0], dtype=torch.float64)
-        projected[..., cols] = normed @ self.w_q[cols].T
+            return (self.post.keys(projected) - self._zeros["key"])[index, which]
         if self._zeros.get("query") is None:
             self._zeros["query"] = self.post.queries(torch.zeros_like(projected[:1]), rows, length)
-        return (self.post.queries(projected, rows, length) - self._zeros["query"])[:, head]
+        return (self.post.queries(projected, rows, length) - self._zeros["query"])[index, which]
 
     def _pull_back(
         self,
