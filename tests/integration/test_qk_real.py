@@ -57,7 +57,7 @@ def test_the_pull_back_gives_the_projection_paths_shares(name, heads, request):
     from headscope.analyses.qk import oracle_gap
 
     loaded = request.getfixturevalue(name)
-    options = dict(heads=heads, repeat_seq=2, seq_len=12, windows=2, rows=8, resamples=50)
+    options = dict(heads=heads, repeat_seq=2, seq_len=12, windows=2, rows=8, resamples=200)
     assert oracle_gap(loaded, **options) <= 1e-6
 
 
