@@ -3,13 +3,18 @@ by hand, so no tokenizer is involved), and the refusals of a broken user templat
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from headscope.analyses.describe.fit import TemplateMaps
 from headscope.analyses.describe.templates import (
     QUERY_CLASSES,
     TEMPLATES,
+    Rule,
     Template,
+    chosen_templates,
     make_text,
     template_targets,
 )
@@ -162,6 +167,29 @@ def test_chinese(chinese):
     assert targets_at("key-class:function-word", chinese, 5) == [1, 2]  # 我, 的
     classes = [QUERY_CLASSES[c] for c in chinese.query_classes()[1:]]
     assert classes[1] == "function-word" and classes[2] == "content-word" and classes[5] == "punctuation"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_rule_draws_the_pairs_it_lists(english, causal):
+    """The dense templates (local, decay, broad, key classes) are rules: the rows describe draws
+    from a rule, for any range of queries and keys (past the window's end included), are its listed
+    pairs drawn densely, and TemplateMaps.named says what the listed pairs say."""
+    text = dataclasses.replace(english, causal=causal, _cache={})
+    n = len(text)
+    rules = [t for t in chosen_templates(causal) if isinstance(t.targets, Rule)]
+    assert {t.name for t in rules} >= {"local-4", "decay-0.5", "broad", "key-class:punctuation"}
+    for template in rules:
+        q, k, w = template_targets(template, text)
+        dense = np.zeros((n + 4, n + 4))
+        dense[q, k] = w
+        for start, stop, keys in [(0, n, n), (3, 9, 9), (5, n + 4, n + 4), (2, 12, 7)]:
+            drawn = template.targets.grid(text, start, stop, keys)
+            assert np.array_equal(drawn, dense[start:stop, :keys]), (template.name, start, stop, keys)
+    templates = chosen_templates(causal)
+    named = TemplateMaps(templates, [text]).named(0)
+    for template, found in zip(templates, named, strict=True):
+        q, _, _ = template_targets(template, text)
+        assert found == bool(((q > 0) & text.content[q]).any()), template.name
 
 
 def test_a_broken_template_is_named(english):
