@@ -854,9 +854,9 @@ class Prepared:
         self.key_num = torch.zeros(n, count, dtype=torch.float64)
         self.query_num = torch.zeros_like(self.key_num)
         self.bias = torch.zeros_like(self.x)
-        groups = [(side, members) for plan in self.plans for side in ("key",) for members in plan.key_groups]
-        self.key_member = torch.zeros(len(groups), count, dtype=torch.float64)
-        self.query_member = torch.zeros(len(groups), count, dtype=torch.float64)
+        groups = sum(len(plan.bounds) for plan in self.plans)
+        self.key_member = torch.zeros(groups, count, dtype=torch.float64)
+        self.query_member = torch.zeros(groups, count, dtype=torch.float64)
         slot = 0
         for plan in self.plans:
             for a, b in zip(plan.key_groups, plan.query_groups, strict=True):
