@@ -883,12 +883,54 @@ class Prepared:
                 self.full[source] = write[slot].clone()
             if source in self._keep_query:
                 self.at_rows[source] = at_rows[slot].clone()
-        member = self.key_member[:, columns]
-        if bool(member.any()):
-            self.key_acc.view(len(member), -1).add_(member @ flat)
-        member = self.query_member[:, columns]
-        if bool(member.any()):
-            self.query_acc.view(len(member), -1).add_(member @ at_rows.reshape(len(columns), -1))
+        # each group sums a few sources: added where they are members, not a product over the block
+        slots, which = self.key_member[:, columns].nonzero(as_tuple=True)
+        if len(slots):
+            self.key_acc.view(len(self.key_member), -1).index_add_(0, slots, flat[which])
+        slots, which = self.query_member[:, columns].nonzero(as_tuple=True)
+        if len(slots):
+            self.query_acc.view(len(self.query_member), -1).index_add_(
+                0, slots, at_rows.reshape(len(columns), -1)[which]
+            )
+
+
+_Index = slice | torch.Tensor  # columns: a slice where they are contiguous (a view, not a copy)
+
+
+def _contiguous(columns: torch.Tensor) -> _Index:
+    if len(columns) and bool(
+        (columns == torch.arange(int(columns[0]), int(columns[0]) + len(columns))).all()
+    ):
+        return slice(int(columns[0]), int(columns[0]) + len(columns))
+    return columns
+
+
+def _shifted(columns: _Index, by: int) -> _Index:
+    if isinstance(columns, slice):
+        return slice(columns.start + by, columns.stop + by)
+    return columns + by
+
+
+class _Items:
+    """What one call of :meth:`Decomposer._head_linear` projects: each item once, by its key (a
+    head or KV group first, then what it is)."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple, int] = {}
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, key: tuple, tensor: torch.Tensor) -> int:
+        """The item's row (the tensor is stored only the first time its key is seen)."""
+        if key not in self.index:
+            self.index[key] = len(self.tensors)
+            self.tensors.append(tensor)
+        return self.index[key]
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack(self.tensors)
+
+    def which(self) -> torch.Tensor:
+        return torch.tensor([key[0] for key in self.index])
 
 
 class Decomposer:
@@ -910,7 +952,8 @@ class Decomposer:
         self.w_q, self.b_q, self.w_k, self.b_k = layout.weights(attention)  # [H*d, D], [KV*d, D]
         self.post = Post(attention, layout)
         self.sources = source_names(loaded, layer)
-        self.columns: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.columns: tuple[list[_Index], list[_Index]] | None = None
+        self._disjoint = {"query": False, "key": False}  # whether the heads' columns are disjoint
         layers = [j for j in attention_layers(loaded) if j < layer]
         shared = {} if shared is None else shared
         for j in layers:
@@ -1023,7 +1066,7 @@ class Decomposer:
             self.columns = self._head_columns(parts)
         return parts
 
-    def _head_columns(self, parts: LayerParts) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _head_columns(self, parts: LayerParts) -> tuple[list[_Index], list[_Index]]:
         """Which projected columns reach each query head and each KV group's keys (the support of
         the module's code after the projections, probed once by a backward with random cotangents):
         a top source's part in one head is projected through those columns only."""
@@ -1048,7 +1091,12 @@ class Decomposer:
             # the queries read the keys' columns or the reverse: no restriction
             q_cols = [torch.arange(q_width)] * n_q
             k_cols = [torch.arange(width - q_width)] * n_kv
-        return q_cols, k_cols
+
+        def disjoint(columns: list[torch.Tensor]) -> bool:
+            return sum(len(c) for c in columns) == len(torch.cat(columns).unique())
+
+        self._disjoint = {"query": disjoint(q_cols), "key": disjoint(k_cols)}
+        return [_contiguous(c) for c in q_cols], [_contiguous(c) for c in k_cols]
 
     def prepare(
         self,
@@ -1131,9 +1179,10 @@ class Decomposer:
             columns = [c for cols, _ in buffered for c in cols]
             flat = torch.cat([w.reshape(len(cols), -1) for cols, w in buffered])
             for p in prepared:
-                valid = [k for k, c in enumerate(columns) if c < len(p.decomposer.sources) - 1]
+                # the columns ascend: the sources below this layer's are a prefix (a view, no copy)
+                valid = sum(1 for c in columns if c < len(p.decomposer.sources) - 1)
                 if valid:
-                    p.key_num[:, [columns[k] for k in valid]] = p.r_key @ flat[valid].T
+                    p.key_num[:, columns[:valid]] = p.r_key @ flat[:valid].T
             buffered.clear()
 
         for columns, write, b in self._writes_by_block(recording):
@@ -1195,7 +1244,12 @@ class Decomposer:
         """Each head's top sources through its own query columns and its KV group's key columns: the
         first few one by one (their parts, and their moves from their means), the groups' moves, and
         every source's (the block input's move from its mean); one call of the module's code per side
-        for every head of the chunk."""
+        for every head of the chunk.
+
+        The module's code after the projections acts position by position and is linear once the
+        norms are frozen, so a source's move is its part less its mean's part, and a mean (one
+        vector) goes through the projection once, not once per position. A KV group's heads share
+        their keys: a key-side item asked for by several heads of one group is computed once."""
         bias_index = len(self.sources) - 1
         rows, length = p.parts.rows, p.x.shape[0]
         outs = [HeadTops(plan=plan) for plan in p.plans]
@@ -1206,83 +1260,104 @@ class Decomposer:
             accumulated.append((list(p.key_acc[slot : slot + count]), list(p.query_acc[slot : slot + count])))
             slot += count
         for side in ("key", "query"):
-            stacks, counts = [], []
+            first = torch.zeros(length if side == "key" else len(rows), dtype=torch.bool)
+            first[0 if side == "key" else rows == 0] = True  # the first position keeps its actual write
+            full, mean = _Items(), _Items()  # the writes and the (one-vector) means to project
+            asked = []
+            everything_at = everything if side == "key" else everything[rows]
             for i, plan in enumerate(p.plans):
+                which = int(p.groups[i]) if side == "key" else int(p.chosen[i])
                 individual = plan.key_individual if side == "key" else plan.query_individual
                 grouped = accumulated[i][0 if side == "key" else 1]
                 members = plan.key_groups if side == "key" else plan.query_groups
-                writes = [p.full[s] if side == "key" else p.at_rows[s] for s in individual]
-                # each individual source as it is, its move from its mean, and each group's move
-                moves = [w - means[s] for w, s in zip(writes, individual, strict=True)]
-                moves += [
-                    g - sum((means[s] for s in m), torch.zeros_like(means[0]))
-                    for g, m in zip(grouped, members, strict=True)
+                writes = [
+                    full.add((which, "source", s), p.full[s] if side == "key" else p.at_rows[s])
+                    for s in individual
                 ]
-                moves.append(everything if side == "key" else everything[rows])
-                stacked = torch.stack([*writes, *moves])
-                # the first position keeps its actual write
-                if side == "key":
-                    stacked[len(writes) :, 0] = 0.0
-                else:
-                    stacked[len(writes) :, rows == 0] = 0.0
-                stacks.append(stacked)
-                counts.append(len(writes))
-            sizes = [len(stacked) for stacked in stacks]
-            heads = torch.cat([torch.full((n,), int(h)) for n, h in zip(sizes, p.chosen, strict=True)])
-            groups = torch.cat([torch.full((n,), int(g)) for n, g in zip(sizes, p.groups, strict=True)])
-            partial = self._head_linear(torch.cat(stacks), heads, groups, side, p.scale, rows, length)
-            for i, (chunk, count) in enumerate(zip(partial.split(sizes), counts, strict=True)):
-                plan, out = p.plans[i], outs[i]
-                individual = plan.key_individual if side == "key" else plan.query_individual
+                means_at = [mean.add((which, s), means[s]) for s in individual]
+                moves = []
+                for slot, (g, m) in enumerate(zip(grouped, members, strict=True)):
+                    move = g - sum((means[s] for s in m), torch.zeros_like(means[0]))
+                    move[first] = 0.0
+                    moves.append(full.add((which, "group", i, slot), move))  # this head's own accumulator
+                if (which, "everything") not in full.index:
+                    move = everything_at.clone()
+                    move[first] = 0.0
+                    full.add((which, "everything"), move)
+                moves.append(full.index[(which, "everything")])
+                asked.append((individual, writes, means_at, moves))
+            partial = self._head_linear(full.stacked(), full.which(), side, p.scale, rows, length)
+            at_means = None
+            if mean.tensors:
+                at_means = self._head_linear(
+                    mean.stacked()[:, None], mean.which(), side, p.scale, rows, length
+                )
+            for i, (individual, writes, means_at, moves) in enumerate(asked):
+                out = outs[i]
                 head, group = int(p.chosen[i]), int(p.groups[i])
-                for s, part in zip(individual, chunk[:count], strict=True):
-                    extra = constant[1][group] if side == "key" else constant[0][head]
-                    parts_of = part + extra if s == bias_index else part
-                    (out.key if side == "key" else out.query)[s] = parts_of
-                moves = list(chunk[count:])
+                extra = constant[1][group] if side == "key" else constant[0][head]
+                found, individual_moves = {}, []
+                for s, w, m in zip(individual, writes, means_at, strict=True):
+                    found[s] = partial[w] + extra if s == bias_index else partial[w]
+                    assert at_means is not None
+                    move = partial[w] - at_means[m]
+                    move[first] = 0.0
+                    individual_moves.append(move)
+                all_moves = individual_moves + [partial[k] for k in moves]
                 if side == "key":
-                    out.key_moves, out.key_all = moves[:-1], moves[-1]
+                    out.key, out.key_moves, out.key_all = found, all_moves[:-1], all_moves[-1]
                 else:
-                    out.query_moves, out.query_all = moves[:-1], moves[-1]
+                    out.query, out.query_moves, out.query_all = found, all_moves[:-1], all_moves[-1]
         return outs
 
     def _head_linear(
         self,
         writes: torch.Tensor,
-        heads: torch.Tensor,
-        groups: torch.Tensor,
+        which: torch.Tensor,
         side: str,
         scale: torch.Tensor | None,
         rows: torch.Tensor,
         length: int,
     ) -> torch.Tensor:
         """The linear parts ``[n, P, d]`` of writes ``[n, P, D]`` (P: every position for the keys,
-        the rows read for the queries), each in its own query head ``heads[i]`` or its KV group's
-        keys ``groups[i]``: the frozen input norm, the projection through that head's columns only,
-        the module's code, less its call on zeros."""
+        the rows read for the queries; a write ``[n, 1, D]`` is one vector at every position), each
+        in its own query head or its KV group's keys ``which[i]``: the frozen input norm, the
+        projection through that head's columns only, the module's code, less its call on zeros."""
         assert self.columns is not None
         q_cols, k_cols = self.columns
+        positions = length if side == "key" else len(rows)
         at = None if scale is None else (scale if side == "key" else scale[rows])
-        normed = self._normed(writes, at)
-        which = groups if side == "key" else heads
+        # the norm's statistic divides each position: after the projection, so that a vector is
+        # projected once
+        normed = writes if at is None else self._normed(writes, torch.ones((), dtype=torch.float64))
         columns = k_cols if side == "key" else q_cols
         weight = self.w_k if side == "key" else self.w_q
-        positions = length if side == "key" else len(rows)
-        projected = torch.zeros(writes.shape[0], positions, weight.shape[0], dtype=torch.float64)
+        # Items of different heads share a row of the module's call where the heads' columns are
+        # disjoint (each head reads only its own): one call for every head's first item, and so on.
+        slots = torch.zeros(len(which), dtype=torch.long)
+        packed = self._disjoint[side]
+        for value in which.unique().tolist():
+            chosen = (which == value).nonzero().squeeze(1)
+            slots[chosen] = torch.arange(len(chosen)) if packed else chosen
+        projected = torch.zeros(int(slots.max()) + 1, positions, weight.shape[0], dtype=torch.float64)
         for value in which.unique().tolist():
             chosen = (which == value).nonzero().squeeze(1)
             cols = columns[value]
-            block = torch.zeros(len(chosen), positions, weight.shape[0], dtype=torch.float64)
-            block[..., cols] = normed[chosen] @ weight[cols].T
-            projected[chosen] = block
-        index = torch.arange(len(which))
-        if side == "key":
-            if self._zeros.get("key") is None:
-                self._zeros["key"] = self.post.keys(torch.zeros_like(projected[:1]))
-            return (self.post.keys(projected) - self._zeros["key"])[index, which]
-        if self._zeros.get("query") is None:
-            self._zeros["query"] = self.post.queries(torch.zeros_like(projected[:1]), rows, length)
-        return (self.post.queries(projected, rows, length) - self._zeros["query"])[index, which]
+            if isinstance(cols, slice):
+                projected[slots[chosen], :, cols] = normed[chosen] @ weight[cols].T
+            else:
+                projected[slots[chosen][:, None, None], torch.arange(positions)[:, None], cols] = (
+                    normed[chosen] @ weight[cols].T
+                )
+        if at is not None:
+            projected = projected / at[None, :, None]
+        if self._zeros.get(side) is None:
+            zeros = torch.zeros_like(projected[:1])
+            self._zeros[side] = (
+                self.post.keys(zeros) if side == "key" else self.post.queries(zeros, rows, length)
+            )[0]
+        found = self.post.keys(projected) if side == "key" else self.post.queries(projected, rows, length)
+        return found[slots, which] - self._zeros[side][which]
 
     def _pull_back(
         self,
@@ -1325,7 +1400,7 @@ class Decomposer:
             heads_here = [int(chosen[i]) for i in some]
             for g in sorted({h // group for h in heads_here}):
                 slots = [s for s, h in enumerate(heads_here) if h // group == g]
-                cols = k_cols[g] + q_width
+                cols = _shifted(k_cols[g], q_width)
                 r_key[[start + s for s in slots]] = grad[slots][:, :, cols] @ weight[cols]
             for s, h in enumerate(heads_here):
                 cols = q_cols[h]
