@@ -237,6 +237,22 @@ def _bad_edits(loaded):
         ),
         ([AddVector(7, torch.zeros(d_model), every)], "AddVector: layer 7 is not a block"),
         ([AddVector(0, torch.zeros(d_model - 1), every)], rf"AddVector: vectors of shape \({d_model - 1},\)"),
+        # Layers and heads are ints, whatever the kind: a string "0" was reported as a layer the
+        # model lacks ("layer 0 has no attention (the attention layers are 0..1)") or escaped as a
+        # TypeError; a value that is not a tensor escaped as an AttributeError.
+        ([AblateHeads({"0": (1,)})], r"AblateHeads: heads: layer '0' \(str\) is not an int"),
+        ([AblateHeads({0: (True,)})], r"AblateHeads: heads: head True \(bool\) of layer 0 is not an int"),
+        (
+            [StreamHeads({1: ("0",)}, 1, 2)],
+            r"StreamHeads: kv_heads: head '0' \(str\) of layer 1 is not an int",
+        ),
+        ([StreamHeads({1: 0}, 1, 2)], r"StreamHeads: kv_heads: layer 1's heads 0 \(int\) are not a tuple"),
+        ([PatchHeads("0", {0: torch.zeros(width)})], r"PatchHeads: layer '0' \(str\) is not an int"),
+        ([PatchHeads(0, {"0": torch.zeros(width)})], r"PatchHeads: values: head '0' \(str\) is not an int"),
+        ([PatchHeads(0, {0: [0.0] * width})], r"PatchHeads: head 0's value .* \(list\) is not a tensor"),
+        ([AddVector("0", torch.zeros(d_model), every)], r"AddVector: layer '0' \(str\) is not an int"),
+        ([AddVector(0, [0.0] * d_model, every)], r"AddVector: vectors .* \(list\) is not a tensor"),
+        ([AddVector(0, torch.zeros(d_model), 3)], r"AddVector: positions 3 \(int\) is not a function"),
     ]
 
 

@@ -14,7 +14,7 @@ list of these:
   every other block see the stream unchanged (qk's causal check, K-composition by intervention).
 
 The first two act inside headscope's streaming attention function, so they need streaming capture
-and install no hook; the other two are forward hooks. :func:`applied` is the one way to put a list
+and install no hook; the other three are forward hooks. :func:`applied` is the one way to put a list
 of edits on a model: ``capture.run(loaded, batches, Pass(edits=[...]))`` uses it, and so can a caller that runs the
 model itself (a cached decoding step). Its hooks go through :func:`headscope.capture.hooks.hooked`
 and are removed in ``finally``, also when the pass raises.
@@ -23,13 +23,14 @@ and are removed in ``finally``, also when the pass raises.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from headscope.errors import InputError, RunFailure
+from headscope.errors import InputError, RunFailure, elide
 from headscope.models import anatomy, projections
 
 from .ablation import AblateHeads
@@ -103,6 +104,10 @@ class KeyOnly:
     frozen statistic of the decomposition); the queries and values read ``norm(x)`` as before. Needs
     a separate key projection (``k_proj``). Run it through :func:`headscope.capture.run`, which
     tells :func:`applied` each batch.
+
+    Several on one layer compose: the key projection reads ``norm(x - r1 - r2 - ...)``, the same as
+    one edit removing their sum. A removal of another shape than the block's input is refused
+    (:class:`~headscope.errors.InputError`) at the forward that computes it.
     """
 
     layer: int
@@ -136,8 +141,51 @@ def _refuse(edit: Edit, what: str, hint: str) -> None:
     raise InputError(f"{type(edit).__name__}: {what}", hint=hint)
 
 
+def _is_index(value: Any) -> bool:
+    """An int (numpy's and a one-element integer tensor's too), not a bool: what a layer or head is."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    return f"{elide(repr(value), 40)} ({type(value).__name__})"
+
+
+def _check_indices(edit: Edit) -> None:
+    """Every layer and head an edit names is an int (not a bool), so that a string ``"1"`` is not
+    reported as a layer the model lacks and a head ``"0"`` does not escape as a TypeError."""
+    kind = type(edit).__name__
+    if isinstance(edit, (AblateHeads, StreamHeads)):
+        name = "heads" if isinstance(edit, AblateHeads) else "kv_heads"
+        chosen = edit.heads if isinstance(edit, AblateHeads) else edit.kv_heads
+        hint = f"give {name} as {{layer: (head, ...)}} of ints, or use {kind}.of([(layer, head), ...])"
+        if not isinstance(chosen, dict):
+            _refuse(edit, f"{name} {_shown(chosen)} is not a dict", hint)
+        for layer, heads in chosen.items():
+            if not _is_index(layer):
+                _refuse(edit, f"{name}: layer {_shown(layer)} is not an int", hint)
+            if not isinstance(heads, (tuple, list, set, frozenset)):
+                _refuse(edit, f"{name}: layer {layer}'s heads {_shown(heads)} are not a tuple", hint)
+            for head in heads:
+                if not _is_index(head):
+                    _refuse(edit, f"{name}: head {_shown(head)} of layer {layer} is not an int", hint)
+        return
+    if not _is_index(edit.layer):
+        _refuse(
+            edit,
+            f"layer {_shown(edit.layer)} is not an int",
+            f"give the layer as an int, 0-based: {kind}(1, ...)",
+        )
+
+
 def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> None:
     layout = loaded.layout
+    _check_indices(edit)
     layers = (
         f"the attention layers are {attention[0]}..{attention[-1]}" if attention else "no attention layer"
     )
@@ -155,9 +203,21 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
         if edit.layer not in attention:
             _refuse(edit, f"layer {edit.layer} has no attention", layers)
         width = layout.v_head_dim
+        if not isinstance(edit.values, dict):
+            _refuse(edit, f"values {_shown(edit.values)} is not a dict", f"give {{head: tensor [{width}]}}")
         for head, value in edit.values.items():
+            if not _is_index(head):
+                _refuse(
+                    edit, f"values: head {_shown(head)} is not an int", f"give {{head: tensor [{width}]}}"
+                )
             if not 0 <= head < layout.n_heads:
                 _refuse(edit, f"head {head} does not exist", f"the model has {layout.n_heads}")
+            if not isinstance(value, torch.Tensor):
+                _refuse(
+                    edit,
+                    f"head {head}'s value {_shown(value)} is not a tensor",
+                    f"give a tensor [{width}] (one head's output)",
+                )
             if tuple(value.shape) != (width,):
                 _refuse(
                     edit,
@@ -167,6 +227,13 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
     elif isinstance(edit, KeyOnly):
         if edit.layer not in attention:
             _refuse(edit, f"layer {edit.layer} has no attention", layers)
+        if not callable(edit.removed):
+            _refuse(
+                edit,
+                f"removed {_shown(edit.removed)} is not a function",
+                f"give a function of the batch that returns what to take out of layer {edit.layer}'s "
+                "key input, [batch, tokens, d_model]: a source's write, not its name",
+            )
         module = projections.attention_module(anatomy.blocks(loaded.model)[edit.layer])
         if projections.separate_qkv(module) is None:
             _refuse(
@@ -177,6 +244,18 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
     elif isinstance(edit, AddVector):
         if not 0 <= edit.layer < blocks:
             _refuse(edit, f"layer {edit.layer} is not a block", f"the blocks are 0..{blocks - 1}")
+        if not isinstance(edit.vectors, torch.Tensor):
+            _refuse(
+                edit,
+                f"vectors {_shown(edit.vectors)} is not a tensor",
+                f"give a tensor [{layout.d_model}] or [examples, {layout.d_model}]",
+            )
+        if not callable(edit.positions):
+            _refuse(
+                edit,
+                f"positions {_shown(edit.positions)} is not a function",
+                "give a function of the batch that returns one position per row, [batch]",
+            )
         if edit.vectors.dim() not in (1, 2) or edit.vectors.shape[-1] != layout.d_model:
             _refuse(
                 edit,
@@ -234,12 +313,30 @@ def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) ->
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
             hooks.after(blocks[edit.layer], add)
+    keys: dict[int, list[KeyOnly]] = {}
     for edit in edits:
         if isinstance(edit, KeyOnly):
-            _key_only(edit, blocks[edit.layer], live, hooks)
+            keys.setdefault(operator.index(edit.layer), []).append(edit)
+    for layer, chosen in keys.items():
+        _key_only(chosen, blocks[layer], live, hooks)
 
 
-def _key_only(edit: KeyOnly, block: torch.nn.Module, live: Applied, hooks: Hooks) -> None:
+def _removal(edit: KeyOnly, batch: Batch, x: torch.Tensor) -> torch.Tensor:
+    """What ``edit`` takes out of ``x`` ``[B, T, D]`` for this batch, refused unless it has x's shape."""
+    removed = edit.removed(batch)
+    want = f"[batch, tokens, d_model] = {list(x.shape)}, layer {edit.layer}'s input for this batch"
+    if not isinstance(removed, torch.Tensor):
+        _refuse(edit, f"removed(batch) returned {_shown(removed)}, not a tensor", f"return {want}")
+    if tuple(removed.shape) != tuple(x.shape):
+        _refuse(
+            edit, f"removed(batch) has shape {list(removed.shape)}, not the block input's", f"return {want}"
+        )
+    return removed.to(device=x.device, dtype=x.dtype)
+
+
+def _key_only(chosen: list[KeyOnly], block: torch.nn.Module, live: Applied, hooks: Hooks) -> None:
+    """One hook pair for every key-only edit of one block: the key projection reads
+    ``norm(x - r1 - r2 - ...)``, so the edits compose (a second does not replace the first)."""
     attention = projections.attention_module(block)
     norm = projections.input_norm(block)
     seen: dict[str, torch.Tensor] = {}
@@ -251,7 +348,9 @@ def _key_only(edit: KeyOnly, block: torch.nn.Module, live: Applied, hooks: Hooks
         if live.batch is None:
             raise RunFailure("KeyOnly needs the pass's batch: run it through capture.run")
         x = seen["x"]
-        changed = x - edit.removed(live.batch).to(device=x.device, dtype=x.dtype)
+        changed = x
+        for edit in chosen:
+            changed = changed - _removal(edit, live.batch, x)
         return (norm(changed) if norm is not None else changed, *args[1:])
 
     names = projections.separate_qkv(attention)
@@ -265,8 +364,10 @@ def applied(loaded: Any, edits: Iterable[Edit | None]) -> Iterator[Applied]:
     """Put ``edits`` on ``loaded``'s model for the length of the block (None entries are skipped).
 
     Checked before any hook goes on (:class:`~headscope.errors.InputError` naming the edit): a known
-    kind, layers and heads the model has, values of one head's width and vectors of the model's,
-    at most one :class:`AblateHeads` and one :class:`StreamHeads`, and streaming capture for those two. Every hook is removed in
+    kind, layers and heads given as ints that the model has, values of one head's width and vectors of
+    the model's, functions where a function goes, at most one :class:`AblateHeads` and one
+    :class:`StreamHeads`, and streaming capture for those two. Several :class:`KeyOnly` on one layer
+    compose; a removal's shape is checked at the forward that computes it. Every hook is removed in
     ``finally``, whatever the pass inside did.
     """
     listed = _checked(loaded, edits)
