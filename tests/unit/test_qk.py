@@ -238,7 +238,11 @@ runner = CliRunner()
         (["--heads", "L1H0,L1H0"], "named twice"),
         (["--repeat-seq", "1"], "at least 2 copies"),
         (["--lang", "en,en"], "named twice"),
-        (["--verify", "3", "--heads", "L1H0"], "only 1 heads"),
+        (["--verify", "3", "--heads", "L1H0"], "only 1 of the 1 heads explained lie above layer 0"),
+        (["--verify", "1", "--heads", "L0H0,L0H1"], "only 0 of the 2 heads explained lie above layer 0"),
+        (["--verify", "2", "--heads", "L0H0,L1H1"], "only 1 of the 2 heads"),
+        (["--heads", "L²H0"], "is not a head name"),
+        (["--heads", "L1H٣"], "is not a head name"),
     ],
 )
 def test_bad_options_give_one_line(args, needle):

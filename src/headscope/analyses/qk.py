@@ -76,6 +76,9 @@ EXAMPLE_KEYS = 5  # keys shown for the example query
 EXAMPLE_SOURCES = 4  # key sources each example key's score is split by (the rest summed)
 LISTED = 12  # sources per (head, side) listed in the tidy rows (the rest summed as "rest")
 SCORE_TOLERANCE = 1e-4  # the sum over sources against the module's own scores, relative
+# A head's margin is resolved where it exceeds this many times its rounding bound, eps * sum A|s|
+# (eps: the attention weights' dtype): the margin's error from rounding is then under 1% of it.
+RESOLVE = 100
 SIDES = ("key", "query")
 
 
@@ -146,7 +149,8 @@ def parse_heads(value: str | None) -> list[tuple[int, int]] | None:
         if not (text.startswith("L") and "H" in text):
             raise InputError(f"--heads: {name!r} is not a head name", hint="write heads like L18H6")
         layer, _, head = text[1:].partition("H")
-        if not (layer.isdigit() and head.isdigit()):
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if not (layer.isascii() and layer.isdigit() and head.isascii() and head.isdigit()):
             raise InputError(f"--heads: {name!r} is not a head name", hint="write heads like L18H6")
         found.append((int(layer), int(head)))
     if len(set(found)) != len(found):
@@ -203,6 +207,8 @@ class HeadSums:
     key: list[np.ndarray] = field(default_factory=list)
     query: list[np.ndarray] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+    rounding: list[float] = field(default_factory=list)  # the margin's rounding bound (_Waiting)
+    choosing: list[int] = field(default_factory=list)  # rows read that see more than one key
     explained: list[np.ndarray] = field(default_factory=list)  # [len(RECONSTRUCT_K)] mean over rows
     pairs: np.ndarray | None = None  # [PAIRS, PAIRS] summed over windows
     top_key: list[int] = field(default_factory=list)
@@ -225,6 +231,8 @@ class _Waiting:
     visible: torch.Tensor
     rows: torch.Tensor
     ids: list[int]
+    rounding: torch.Tensor  # [h]: eps * sum over rows and keys of A|s|, the margin's rounding bound
+    choosing: int  # rows read that see more than one key
 
 
 # What the layers waiting for one pass over the blocks' writes may hold (their pull-backs and the
@@ -365,6 +373,12 @@ class Split:
         self._check_attention(query, key, scaling, weights[chosen], visible)
         kbar = torch.einsum("hrt,htd->hrd", centred, key)
         margin = (scaling * (query * kbar).sum(-1)).sum(-1)  # [h]
+        # The attention weights are the model's (float32 or lower), rounded each to eps of itself:
+        # the margin is known only to about eps * sum A|s| (the scores' offset included).
+        eps = torch.finfo(chunks[0][1].dtype).eps
+        scores = (scaling * query @ key.transpose(1, 2)).abs().masked_fill(~visible[None], 0.0)
+        rounding = eps * (weights[chosen] * scores).sum((1, 2))  # [h]
+        choosing = int((visible.sum(-1) > 1).sum())
         tops = None
         if self.tops is not None:
             tops = [(self.sums[(layer, h)].top_key, self.sums[(layer, h)].top_query) for h in heads]
@@ -376,7 +390,21 @@ class Split:
             oracle = self._projected(decomposer, recording, rows, chosen, groups, centred, query, kbar)
         state: dict[str, Any] = {"query": query, "key": key, "kbar": kbar, "scaling": scaling}
         self._waiting.append(
-            _Waiting(layer, heads, prepared, oracle, state, margin, centred, weights, visible, rows, ids)
+            _Waiting(
+                layer,
+                heads,
+                prepared,
+                oracle,
+                state,
+                margin,
+                centred,
+                weights,
+                visible,
+                rows,
+                ids,
+                rounding,
+                choosing,
+            )  # fmt: skip
         )
 
     def _flush(self, recording: Any) -> None:
@@ -417,6 +445,8 @@ class Split:
             sums.key.append(key_num[i].numpy())
             sums.query.append(query_num[i].numpy())
             sums.rows.append(len(w.rows))
+            sums.rounding.append(float(w.rounding[i]))
+            sums.choosing.append(w.choosing)
             if self.tops is not None:
                 self._evaluate(sums, i, w.state, found.heads[i], w.centred[i], w.weights[h], w.visible)
                 self._example(sums, i, w.state, found.heads[i], w.weights[h], w.visible, w.rows, w.ids)
@@ -678,6 +708,27 @@ def _nan(value: float) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
+def _unresolved(sums: HeadSums) -> str | None:
+    """Why the head's margin cannot be split (None where it can): no row chose between keys, or the
+    margin is within :data:`RESOLVE` times its rounding bound (a share would be a ratio of noise)."""
+    n_rows = max(1, int(np.sum(sums.rows)))
+    if not np.sum(sums.choosing):
+        return "no query row read sees more than one key, so the head makes no choice to split"
+    margin, resolution = float(np.sum(sums.margin)), RESOLVE * float(np.sum(sums.rounding))
+    if margin > resolution:
+        return None
+    if resolution == 0:
+        return (
+            "its scores are 0 at every key it attends to (its queries or keys carry no signal), so "
+            "it makes no choice to split"
+        )
+    return (
+        f"its margin ({margin / n_rows:.2g} per row) is not above {RESOLVE}x its float rounding "
+        f"({resolution / n_rows:.2g}): its attention does not measurably prefer any key, so no "
+        "share is reported"
+    )
+
+
 def _summarise(
     evaluation: Split,
     roles: dict[tuple[int, int], str],
@@ -689,18 +740,26 @@ def _summarise(
     for (layer, head), sums in sorted(evaluation.sums.items()):
         if not sums.margin:
             continue
+        n_rows = max(1, int(np.sum(sums.rows)))
+        unresolved = _unresolved(sums)
         entry: dict[str, Any] = {
             "layer": layer,
             "head": head,
             "kv_group": sums.group,
             "role": roles.get((layer, head), ""),
-            "margin": float(np.sum(sums.margin) / max(1, np.sum(sums.rows))),
+            "margin": float(np.sum(sums.margin) / n_rows),
+            "resolution": float(RESOLVE * np.sum(sums.rounding) / n_rows),
+            "unresolved": unresolved,
             "windows": len(sums.margin),
         }
         comp = composition.get((layer, head), {})
         for side in SIDES:
-            share, low, high = _shares(sums, side, n_resamples, seed)
-            order = np.argsort(-np.abs(share))
+            if unresolved is None:
+                share, low, high = _shares(sums, side, n_resamples, seed)
+                order = np.argsort(-np.abs(share))
+            else:  # no share: the sources in their own order
+                share = low = high = np.full(len(sums.sources), np.nan)
+                order = np.arange(len(sums.sources))
             listed = []
             for i in order:
                 source = sums.sources[int(i)]
@@ -710,7 +769,7 @@ def _summarise(
                         "source": source.name,
                         "kind": source.kind,
                         "role": roles.get((source.layer, source.head), "") if source.kind == "head" else "",
-                        "share": float(share[i]),
+                        "share": _nan(float(share[i])),
                         "ci_low": _nan(low[i]),
                         "ci_high": _nan(high[i]),
                         "composition": None if weights is None else float(weights[1 if side == "key" else 0]),
@@ -721,6 +780,11 @@ def _summarise(
             "key": [sums.sources[i].name for i in sums.top_key[:PAIRS]],
             "query": [sums.sources[i].name for i in sums.top_query[:PAIRS]],
         }
+        if unresolved is not None:  # the pairs and the reconstruction are fractions of the margin too
+            if sums.example is not None:
+                entry["example"] = sums.example
+            out.append(entry)
+            continue
         total = float(np.sum(sums.margin))
         if sums.pairs is not None and total > 0:
             pairs = [
@@ -763,15 +827,17 @@ SOURCE_COLUMNS = [
     "n",
     "rank",
     "composition",
+    "note",
 ]
 
 
 def sources_table(model: str, heads: list[dict[str, Any]], listed: int | None = None) -> pd.DataFrame:
     """One row per (head, side, source): the source's kind and role (from this run's detectors),
     its share with its interval, ``n`` evaluation windows, its rank on that side, and the
-    weight-only composition score (K- on the key side, Q- on the query side; heads only). With
-    ``listed``, the largest ``listed`` by |share| per (head, side) and one ``rest`` row summing the
-    others, so a head's rows on a side still sum to 1."""
+    weight-only composition score (K- on the key side, Q- on the query side; heads only), and the
+    ``note``: why the head has no shares, where its margin is not resolved (its shares are empty).
+    With ``listed``, the largest ``listed`` by |share| per (head, side) and one ``rest`` row summing
+    the others, so a head's rows on a side still sum to 1."""
     records = []
     for entry in heads:
         head = {
@@ -780,6 +846,7 @@ def sources_table(model: str, heads: list[dict[str, Any]], listed: int | None = 
             "head": entry["head"],
             "kv_group": entry["kv_group"],
             "n": entry["windows"],
+            "note": entry.get("unresolved") or "",
         }
         for side in SIDES:
             rows = entry[side]
@@ -789,7 +856,8 @@ def sources_table(model: str, heads: list[dict[str, Any]], listed: int | None = 
                 records.append({**head, "side": side, "rank": rank, **{k: item[k] for k in fields}})
             rest = rows[len(shown) :]
             if rest:
-                share = float(sum(item["share"] for item in rest))
+                values = [item["share"] for item in rest]
+                share = None if None in values else float(sum(values))
                 records.append(
                     {**head, "side": side, "source": "rest", "kind": "rest", "role": "", "share": share}
                 )
@@ -932,6 +1000,15 @@ def explain(
     composition, note = _composition(loaded, chosen)
     summary = _summarise(evaluation, roles, composition, n_resamples, seed)
     notes = [note] if note else []
+    unresolved = [e for e in summary if e["unresolved"]]
+    if unresolved:
+        names = ", ".join(f"L{e['layer']}H{e['head']}" for e in unresolved[:8])
+        more = f" and {len(unresolved) - 8} more" if len(unresolved) > 8 else ""
+        notes.append(
+            f"{len(unresolved)} heads without shares ({names}{more}): their margin is not resolved "
+            f"against float rounding ({RESOLVE}x eps x sum A|s|); each head's reason is in the JSON's "
+            "unresolved and the --sources CSV's note"
+        )
     if len(eval_pairs) < MIN_EXAMPLES:
         notes.append(
             f"{len(eval_pairs)} evaluation windows < {MIN_EXAMPLES}: shares without intervals "
@@ -991,12 +1068,13 @@ class KeyRemoval:
     move: float
     controls: list[str]
     control_move: float
-    ratio: float
+    ratio: float | None  # None where the random sources' move is within float rounding
     ci_low: float | None
     ci_high: float | None
     windows: int
     rows: str = "every query row read"  # the query rows the moves average over
     rows_read: int = 0  # how many, over the evaluation windows
+    note: str = ""  # why the ratio is None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -1005,9 +1083,10 @@ class KeyRemoval:
 @dataclass
 class KeyRemovals:
     heads: list[KeyRemoval]
+    skipped: list[str] = field(default_factory=list)  # heads asked for but not verified, and why
 
     def to_json(self) -> dict[str, Any]:
-        return {"heads": [h.to_json() for h in self.heads]}
+        return {"heads": [h.to_json() for h in self.heads], "skipped": list(self.skipped)}
 
     def print_to(self, console: Any, top: int) -> None:
         from .qk_present import print_removals
@@ -1028,18 +1107,36 @@ def verify_heads(
     """Remove each of the ``n`` heads' top key source from its key input only (:class:`KeyOnly`),
     on the evaluation windows, against ``controls`` random sources of lower layers (heads and MLPs).
     The moves average over the sampled query rows the protocol scores (``state["verify_rows"]``:
-    on repeated random tokens the later copies, as the induction score reads them; else every row)."""
-    candidates = [e for e in result.heads if e["key"] and e["layer"] > 0]
+    on repeated random tokens the later copies, as the induction score reads them; else every row).
+
+    Layer 0's heads read only the embedding (no lower source to remove): ``n`` beyond the heads above
+    it is refused before any pass. A head without shares (its margin not resolved) has no top source:
+    it is skipped and named in ``skipped``."""
+    above = [e for e in result.heads if e["layer"] > 0]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"verify: k={n!r} must be a whole number of heads, at least 1")
+    if n > len(above):
+        raise InputError(
+            f"verify: {n} heads asked for, but only {len(above)} of the {len(result.heads)} heads explained "
+            "lie above layer 0 (layer 0's heads read only the embedding: no lower source to remove)",
+            hint=f"ask for at most {len(above)} (k=, --verify), or explain heads of later layers",
+        )
+    candidates = [e for e in above if not e.get("unresolved")]
     candidates.sort(key=lambda e: -e["key"][0]["share"])
     rng = np.random.default_rng(seed)
     chosen = candidates[:n]
+    skipped = [
+        f"L{e['layer']}H{e['head']}: no top source to remove ({e['unresolved']})"
+        for e in above
+        if e.get("unresolved")
+    ][: max(0, n - len(chosen))]
     advance = progress("qk: verify", len(chosen)) if progress is not None else None
     found = []
     for entry in chosen:
         found.append(_verify_head(loaded, entry, state, controls, rng, seed, n_resamples))
         if advance is not None:
             advance(1)
-    return KeyRemovals(found)
+    return KeyRemovals(found, skipped)
 
 
 def _attention_rows(
@@ -1082,7 +1179,8 @@ def _verify_head(
     recorder = SourceWrites(loaded, [layer])
 
     def record(batch: Any) -> None:
-        every, _bias = decomposer.writes(recorder.recorded[0])
+        every, bias = decomposer.writes(recorder.recorded[0])
+        every = [*every, bias]  # the sources in source_names' order: bias last
         writes[int(batch.example_index[0])] = {i: every[i].float() for i in wanted}
 
     clean = _attention_rows(loaded, batches, layer, head, sample, reads=[recorder], on_batch_done=record)
@@ -1101,13 +1199,30 @@ def _verify_head(
             return writes[int(batch.example_index[0])][index][None]
 
         edited = _attention_rows(loaded, batches, layer, head, sample, edits=[KeyOnly(layer, removed)])
+        # total variation: never negative (1 - sum min(A, A') is the same where both rows sum to 1,
+        # and goes below 0 by the rows' rounding where nothing moves)
         moves.append(
-            [float((1.0 - torch.minimum(clean[w][0], edited[w][0]).sum(-1))[kept[w]].mean()) for w in windows]
+            [float((0.5 * (clean[w][0] - edited[w][0]).abs().sum(-1))[kept[w]].mean()) for w in windows]
         )
     move = np.array(moves)  # [1 + controls, windows]
     top_move = torch.tensor(move[0])
     control = torch.tensor(move[1:].mean(0))
-    low, high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
+    # the rows are the model's (float32 here: qk refuses lower precisions), each entry rounded to eps
+    floor = RESOLVE * torch.finfo(torch.float32).eps
+    ratio: float | None = None
+    low = high = None
+    note = ""
+    if float(control.mean()) <= floor:
+        # a ratio to a move within float rounding is not a result
+        note = (
+            f"the random sources move it by {float(control.mean()):.1e}, within float rounding "
+            f"({floor:.1e}): no ratio"
+            + ("" if float(top_move.mean()) > floor else "; the top source does not move it either")
+        )
+    else:
+        ratio = float(top_move.sum() / control.sum())
+        found_low, found_high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
+        low, high = _nan(float(found_low)), _nan(float(found_high))
     return KeyRemoval(
         layer,
         head,
@@ -1116,14 +1231,15 @@ def _verify_head(
         float(move[0].mean()),
         picked,
         float(move[1:].mean()),
-        float(top_move.sum() / max(float(control.sum()), 1e-12)),
-        _nan(float(low)),
-        _nan(float(high)),
+        ratio,
+        low,
+        high,
         move.shape[1],
         "every query row read"
         if span is None
         else f"the later copies' query rows (positions {span[0]}-{span[1] - 1})",
         int(sum(int(kept[w].sum()) for w in windows)),
+        note,
     )
 
 
@@ -1207,9 +1323,18 @@ class QK(Analysis):
                 raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has heads 0..{layout.n_heads - 1}")
         if options.verify:
             heads = parse_heads(options.heads)
-            available = len(heads) if heads is not None else layout.n_layers * layout.n_heads
-            if options.verify > available:
-                raise InputError(f"--verify {options.verify}: only {available} heads are explained")
+            asked = len(heads) if heads is not None else layout.n_layers * layout.n_heads
+            above = (
+                sum(1 for layer, _ in heads if layer > 0)
+                if heads is not None
+                else (layout.n_layers - 1) * layout.n_heads
+            )
+            if options.verify > above:
+                raise InputError(
+                    f"--verify {options.verify}: only {above} of the {asked} heads explained lie above "
+                    "layer 0 (layer 0's heads read only the embedding: no lower source to remove)",
+                    hint=f"use --verify {above}" if above else "add heads of later layers to --heads",
+                )
             blocks = anatomy.blocks(loaded.model)
             fused = [
                 i

@@ -22,7 +22,8 @@ def source_text(item: dict[str, Any], interval: bool = True, side: str = "") -> 
     role = f" ({item['role']})" if item.get("role") else ""
     comp = item.get("composition")
     weights = f" {side[0].upper()}-comp {comp:.2f}" if side and comp is not None else ""
-    return f"{item['source']}{role} {item['share']:.2f}{_interval(item) if interval else ''}{weights}"
+    share = "—" if item.get("share") is None else f"{item['share']:.2f}"
+    return f"{item['source']}{role} {share}{_interval(item) if interval else ''}{weights}"
 
 
 def reconstructed(entry: dict[str, Any], k: int) -> dict[str, Any] | None:
@@ -38,7 +39,8 @@ ROLE_ORDER = ("induction", "previous-token", "duplicate-token")
 def ranked(heads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Heads grouped by role (:data:`ROLE_ORDER`, then other roles by name, then no role, then
     sink), each group by its top key source's share, largest first; layer 0 last within its group
-    (its only sources are the embedding and biases)."""
+    (its only sources are the embedding and biases), and the heads without shares (their margin not
+    resolved) after those."""
 
     def group(entry: dict[str, Any]) -> tuple[int, str]:
         role = entry.get("role") or ""
@@ -48,10 +50,11 @@ def ranked(heads: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return len(ROLE_ORDER) + 2, ""
         return (len(ROLE_ORDER), role) if role else (len(ROLE_ORDER) + 1, "")
 
-    return sorted(
-        heads,
-        key=lambda e: (group(e), e["layer"] == 0, -(e["key"][0]["share"] if e.get("key") else 0.0)),
-    )
+    def top(entry: dict[str, Any]) -> float:
+        share = entry["key"][0]["share"] if entry.get("key") else None
+        return 0.0 if share is None else share
+
+    return sorted(heads, key=lambda e: (group(e), bool(e.get("unresolved")), e["layer"] == 0, -top(e)))
 
 
 def print_qk(result: Any, console: Any, top: int) -> None:
@@ -73,6 +76,9 @@ def print_qk(result: Any, console: Any, top: int) -> None:
     for entry in shown:
         role = f" ({entry['role']})" if entry.get("role") else ""
         console.print(f"\n[bold]L{entry['layer']}H{entry['head']}[/bold]{escape(role)}")
+        if entry.get("unresolved"):
+            console.print(f"  no shares: {escape(entry['unresolved'])}")
+            continue
         for side, label in (("key", "keys from   "), ("query", "queries from")):
             items = " · ".join(escape(source_text(item, side=side)) for item in entry[side][:SHOWN])
             console.print(f"  {label} {items}")
@@ -118,12 +124,20 @@ def print_removals(removals: Any, console: Any) -> None:
             f"{item.share:.2f}",
             f"{item.move:.3f}",
             f"{item.control_move:.3f} ({len(item.controls)})",
-            f"{item.ratio:.1f}{ci}",
+            "—" if item.ratio is None else f"{item.ratio:.1f}{ci}",
         )
     console.print(table)
+    for item in removals.heads:
+        if item.note:
+            console.print(f"L{item.layer}H{item.head}: {item.note}", highlight=False)
+    for line in removals.skipped:
+        console.print(f"not verified: {line}", highlight=False)
     which = sorted({item.rows for item in removals.heads})
     if which:
-        console.print("attention moved: 1 - Σ min(A, A′), averaged over " + "; ".join(which), highlight=False)
+        console.print(
+            "attention moved: ½ Σ |A − A′| (total variation), averaged over " + "; ".join(which),
+            highlight=False,
+        )
 
 
 def html_section(found: Any) -> str:
@@ -133,6 +147,13 @@ def html_section(found: Any) -> str:
         cells = []
         for side in ("key", "query"):
             bars = []
+            if entry.get("unresolved"):
+                cells.append(
+                    f"<td>no shares: {html.escape(entry['unresolved'])}</td>"
+                    if side == "key"
+                    else "<td></td>"
+                )
+                continue
             for item in entry[side][:5]:
                 width = max(0.0, min(1.0, abs(item["share"]))) * 100
                 colour = "#3b7dd8" if item["share"] >= 0 else "#d8643b"

@@ -91,10 +91,22 @@ def source_names(loaded: Any, layer: int) -> list[Source]:
     return found
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
 def refusal(loaded: Any) -> str | None:
     """Why this model's scores are not a sum over sources, or None: what the layout shows before any
     forward pass (the numeric check catches the rest)."""
     config = anatomy.text_config(loaded.model.config)
+    lower = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in loaded.model.parameters() if p.dtype in _LOW_PRECISION}
+    )
+    if lower:
+        return (
+            f"the model runs in {', '.join(lower)}: its attention weights carry about 3 significant "
+            "digits, so no source's share can be told from rounding; load it in float32 (--dtype "
+            "float32, or hs.load(..., dtype='float32'))"
+        )
     if getattr(config, "attn_logit_softcapping", None):
         return "attention logits are soft-capped (tanh), so a score is not a sum over sources"
     if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", "") == "alibi":
@@ -160,9 +172,8 @@ def qk_layout(attention: nn.Module, n_heads: int) -> QKLayout:
         q_name, k_name, v_name = separate
         query, key = attention.get_submodule(q_name), attention.get_submodule(k_name)
         others = (v_name,) if projections._submodule(attention, v_name) is not None else ()
-        return QKLayout(
-            q_name, k_name, torch.arange(query.out_features), torch.arange(key.out_features), 0, others
-        )
+        rows = [projections._rows(p).shape[0] for p in (query, key)]  # an adapter layer's too
+        return QKLayout(q_name, k_name, torch.arange(rows[0]), torch.arange(rows[1]), 0, others)
     width = projections._rows(projections.output_module(attention)).shape[1]
     d = width // n_heads
     # Per head [q, k, v] (GPT-NeoX, Persimmon, GPT-BigCode without multi-query): rows.

@@ -194,11 +194,11 @@ def _parse_sentence(path: Path, first_line: int, block: list[tuple[int, str]]) -
             continue  # empty node of an enhanced graph
         if "-" in token_id:
             start_s, _, end_s = token_id.partition("-")
-            if not (start_s.isdigit() and end_s.isdigit()):
+            if not (start_s.isascii() and start_s.isdigit() and end_s.isascii() and end_s.isdigit()):
                 raise TreebankError(f"{path}:{lineno}: malformed multiword range '{token_id}'")
             ranges.append((lineno, int(start_s), int(end_s), cols))
             continue
-        if not token_id.isdigit():
+        if not (token_id.isascii() and token_id.isdigit()):
             raise TreebankError(f"{path}:{lineno}: ID '{token_id}' is not a word number")
         rows.append((lineno, cols))
     if not rows:
@@ -224,7 +224,7 @@ def _parse_sentence(path: Path, first_line: int, block: list[tuple[int, str]]) -
     words: list[Word] = []
     for position, ((lineno, cols), (start, end)) in enumerate(zip(rows, spans, strict=True)):
         head_s = cols[6]
-        if not head_s.lstrip("-").isdigit():
+        if not (head_s.isascii() and head_s.lstrip("-").isdigit()):
             raise TreebankError(f"{path}:{lineno}: HEAD '{head_s}' is not a number")
         head = int(head_s)
         if head < 0 or head > n_words:

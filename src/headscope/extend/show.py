@@ -67,7 +67,7 @@ def parse_heads(spec: str, n_heads: int | None) -> list[int]:
         part = part.strip()
         if not part:
             continue
-        if not re.fullmatch(r"-?\d+", part):
+        if not re.fullmatch(r"-?[0-9]+", part):
             raise InputError(f"--head {spec!r}: {part!r} is not a head number", hint="e.g. 3, 0,2,5 or all")
         head = int(part)
         if n_heads is not None and not 0 <= head < n_heads:

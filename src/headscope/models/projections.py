@@ -130,12 +130,17 @@ def input_norm(block: nn.Module) -> nn.Module | None:
 
 def separate_qkv(attention: nn.Module) -> tuple[str, str, str] | None:
     """The paths of the attention module's separate query, key and value projections (the value's
-    may be absent), or None where they are fused (or not plain linear layers)."""
+    may be absent), or None where they are fused (or not linear layers). A peft adapter layer over a
+    linear layer (LoRA and kin) is one: it is still affine in its input (:func:`_effective`)."""
     for names in SEPARATE_QKV:
         query, key = (_submodule(attention, name) for name in names[:2])
-        if isinstance(query, nn.Linear) and isinstance(key, nn.Linear):
+        if _is_linear(query) and _is_linear(key):
             return names
     return None
+
+
+def _is_linear(module: object) -> bool:
+    return isinstance(module, nn.Linear) or isinstance(_adapted(module), nn.Linear)
 
 
 def _submodule(module: nn.Module, path: str) -> nn.Module | None:

@@ -204,7 +204,7 @@ def worker_threads(workers: int) -> int:
     cpus = os.cpu_count() or 1
     threads = max(1, cpus // max(1, workers))
     budget = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if budget.isdigit() and int(budget) > 0:
+    if budget.isascii() and budget.isdigit() and int(budget) > 0:
         threads = min(threads, int(budget))
     return threads
 

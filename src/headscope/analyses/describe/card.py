@@ -49,7 +49,7 @@ ABLATE_HELP = (
     "random heads of the same layer): N (the N heads with the least attention on the first token), "
     "all, or a list like L1H0,L0H3. Each head costs one forward pass over the windows. Causal LMs only."
 )
-_HEAD = re.compile(r"^L(\d+)H(\d+)$", re.IGNORECASE)
+_HEAD = re.compile(r"^L([0-9]+)H([0-9]+)$", re.IGNORECASE)
 
 
 # --- what it writes -------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def parse_ablate(value: str | int | None) -> str | int | list[tuple[int, int]] |
     text = str(value).strip()
     if text.lower() == "all":
         return "all"
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         n = int(text)
         return None if n == 0 else n
     heads = []

@@ -97,6 +97,8 @@ def why_line(head: dict[str, Any]) -> str | None:
         return None
     from headscope.analyses.qk_present import source_text
 
+    if why.get("unresolved"):
+        return f"why: no shares ({why['unresolved']})"
     keys = ", ".join(source_text(item) for item in why["key"][:2])
     queries = ", ".join(source_text(item) for item in why["query"][:2])
     text = f"why: keys from {keys}; queries from {queries}"
