@@ -163,3 +163,67 @@ def test_a_lora_model_decomposes_as_its_merged_copy():
     theirs = hs.qk(merged, tokenizer, heads="L1H0,L1H2", resamples=0, **QUICK).qk
     assert shares_gap(ours, theirs) < 1e-6
     assert np.isfinite([item["share"] for item in ours.head(1, 0)["key"]]).all()
+
+
+@pytest.fixture
+def no_pass(monkeypatch):
+    """Any forward pass (the model's own checks included) fails the test: a refusal must come first."""
+    from headscope.capture import checks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a forward pass ran before the refusal")
+
+    monkeypatch.setattr(checks, "require", refuse)
+
+
+def test_a_short_eval_text_is_refused_before_any_pass(toy, tmp_path, no_pass):
+    text = tmp_path / "one.txt"
+    text.write_text("t1 t2 t3 t4 t5 t6\n")
+    # before: refused after the model's own checks had run their passes
+    with pytest.raises(InputError, match="1 window of text to evaluate on"):
+        hs.qk(toy, eval_text=text, context=32, resamples=0)
+    with pytest.raises(InputError, match="1 window of text to evaluate on"):
+        hs.describe(toy, eval_text=text, context=32, resamples=0)
+
+
+def test_describe_why_on_a_family_qk_refuses_is_refused_before_any_pass(no_pass):
+    from conftest import word_tokenizer
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    model = BloomForCausalLM(config).eval()
+    bloom = hs.load(model, word_tokenizer(50), capture="eager", name="bloom")
+    # before: describe's own passes ran first
+    with pytest.raises(Unsupported, match="describe --why: .*ALiBi"):
+        hs.describe(bloom, why=True, resamples=0, context=32)
+
+
+def test_verify_rows_outside_the_later_copies_are_refused_before_any_pass(toy, monkeypatch):
+    """--rows 1: one sampled row per window; a seed whose rows all fall in the first copy is refused
+    up front, and the check agrees with what the verify pass would read for every seed tried."""
+    from headscope.analyses.qk import QK, QKOptions, _check_verify_rows
+
+    refused = []
+    for seed in range(40):
+        options = QKOptions(repeat_seq=2, seq_len=20, windows=2, rows=1, seed=seed, verify=1, resamples=0)
+        try:
+            _check_verify_rows(toy, options)
+        except InputError as error:
+            assert "no sampled query row falls in the later copies (positions 21-40)" in str(error)
+            refused.append(seed)
+    assert refused and len(refused) < 40  # some seeds leave a row there, some do not
+    seed = refused[0]
+    from headscope.capture import checks
+
+    monkeypatch.setattr(checks, "require", lambda *a, **k: (_ for _ in ()).throw(AssertionError("a pass")))
+    with pytest.raises(InputError, match="later copies"):
+        hs.qk(toy, repeat_seq=2, seq_len=20, windows=2, rows=1, seed=seed, verify=1, resamples=0)
+    monkeypatch.undo()
+    # a seed the check lets through verifies (the pass finds rows in the later copies)
+    kept = next(s for s in range(40) if s not in refused)
+    found = hs.qk(
+        toy, heads="L1H0", repeat_seq=2, seq_len=20, windows=2, rows=1, seed=kept, verify=1, resamples=0
+    )
+    assert found.checks[0].value.heads[0].rows_read > 0
+    assert QK  # the analysis whose check_loaded calls it

@@ -1243,6 +1243,23 @@ def _verify_head(
     )
 
 
+def _check_verify_rows(loaded: Any, options: QKOptions) -> None:
+    """``--verify`` on repeated tokens averages over the sampled rows in the later copies: refuse a
+    ``--rows`` sample that leaves none in any evaluation window, before any pass (the sample is drawn
+    from the seed, the windows' length and their index, all known now)."""
+    n = options.windows
+    spec = RepeatSpec(options.seq_len, options.repeat_seq, 2 * n, options.seed, None)
+    sequences, _, offset = repeated_tokens(loaded, spec)
+    start, stop = offset + options.seq_len, offset + options.seq_len * options.repeat_seq
+    sample = RowSample(options.rows, options.seed, 1)
+    if not any(bool(sample.read(len(sequences[n + i]), i)[start:stop].any()) for i in range(n)):
+        raise InputError(
+            f"--verify with --rows {options.rows}: no sampled query row falls in the later copies "
+            f"(positions {start}-{stop - 1}) of any evaluation window",
+            hint="raise --rows (0: every row), or --seq-len",
+        )
+
+
 def _in_span(positions: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
     """Which query positions the protocol scores: all of them without a span."""
     if span is None:
@@ -1352,6 +1369,10 @@ class QK(Analysis):
             check_context(loaded, length, f"--seq-len {options.seq_len} x --repeat-seq {options.repeat_seq}")
         else:
             check_context(loaded, options.context + 1, f"--context {options.context} (with BOS)")
+        # what the windows decide, refused before the first pass (the model's own checks included)
+        _windows(loaded, options, self.check(options))
+        if options.verify and options.repeat_seq and options.rows:
+            _check_verify_rows(loaded, options)
 
     def run(self, loaded: Any, options: QKOptions, prepared: QKInputs, progress: Any) -> Outcome:
         report, result, state = qk(loaded, options, prepared, progress)

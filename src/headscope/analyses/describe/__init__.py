@@ -171,6 +171,14 @@ def _pass(
     return batches
 
 
+def _check_eval_windows(eval_texts: list[Any], eval_from: str) -> None:
+    if len(eval_texts) < 2:
+        raise InputError(
+            f"{eval_from}: {len(eval_texts)} window of text to evaluate on; the intervals need at least 2",
+            hint="give a longer text, or a smaller --context",
+        )
+
+
 def describe_heads(
     loaded: Any,
     fit_sources: list[Any],
@@ -200,11 +208,7 @@ def describe_heads(
     eval_sources = list({s.name: s for s in eval_sources}.values())
     fit_texts = balanced(windows(loaded, fit_sources, context), windows_per_split)
     eval_texts = balanced(windows(loaded, eval_sources, context), windows_per_split)
-    if len(eval_texts) < 2:
-        raise InputError(
-            f"{eval_from}: {len(eval_texts)} window of text to evaluate on; the intervals need at least 2",
-            hint="give a longer text, or a smaller --context",
-        )
+    _check_eval_windows(eval_texts, eval_from)
     if len(fit_texts) < 1:
         raise InputError("no text to fit the descriptions on", hint="check --lang")
     chosen = chosen_templates(loaded.is_causal, templates)
@@ -326,6 +330,23 @@ class Describe(Analysis):
         names = split_names(options.templates)
         if names:
             chosen_templates(loaded.is_causal, names)
+        # what the windows and --why decide, refused before the first pass (the model's checks too)
+        prepared = self.check(options)
+        limit = options.windows or None
+        once = list({source.name: source for source in prepared.eval_sources}.values())  # as describe_heads
+        _check_eval_windows(balanced(windows(loaded, once, options.context), limit), prepared.eval_from)
+        if options.why:
+            from headscope.analyses.qk import _check_memory
+            from headscope.capture.sources import refusal
+            from headscope.errors import Unsupported
+
+            reason = refusal(loaded)
+            if reason is not None:
+                raise Unsupported(
+                    f"describe --why: {loaded.name} ({loaded.model.config.model_type}): {reason}",
+                    hint="drop --why",
+                )
+            _check_memory(loaded, options.context + 1, loaded.layout.n_layers - 1)
 
     def run(self, loaded: Any, options: DescribeOptions, prepared: DescribeInputs, progress: Any) -> Outcome:
         detectors = detectors_for("text", None)

@@ -65,19 +65,20 @@ class RowSample:
         key = f"describe-rows:{id(self)}"
         if key not in batch._cache:
             real = batch.attention_mask.bool()
-            length = real.shape[1]
-            if self.every_row(length):
-                batch._cache[key] = real
-            else:
-                rows = max(1, int(self.rows))  # type: ignore[arg-type]
-                block = min(BLOCK, rows)
-                stride = max(block, round(length * block / rows))
-                first = int(batch.example_index.min()) if len(batch.example_index) else 0
-                offset = int(np.random.default_rng((self.seed, self.salt, first)).integers(stride))
-                position = torch.arange(length, device=real.device)
-                read = (position - offset).remainder(stride) < block
-                batch._cache[key] = real & read[None, :]
+            first = int(batch.example_index.min()) if len(batch.example_index) else 0
+            batch._cache[key] = real & self.read(real.shape[1], first).to(real.device)[None, :]
         return batch._cache[key]
+
+    def read(self, length: int, first: int) -> torch.Tensor:
+        """``[length]`` True at the positions read in a batch of ``length`` positions whose first
+        example is ``first``: what a pass will read, known before it (checks that refuse up front)."""
+        if self.every_row(length):
+            return torch.ones(length, dtype=torch.bool)
+        rows = max(1, int(self.rows))  # type: ignore[arg-type]
+        block = min(BLOCK, rows)
+        stride = max(block, round(length * block / rows))
+        offset = int(np.random.default_rng((self.seed, self.salt, first)).integers(stride))
+        return (torch.arange(length) - offset).remainder(stride) < block
 
 
 def excerpt_span(length: int) -> tuple[int, int]:
