@@ -14,7 +14,9 @@ jsonschema is not a dependency of headscope (it only comes with the dev tools), 
 the declaration itself. What a JSON Schema cannot say (every row inside the stated layout, each head
 once per table, the versioning rule) is checked after the walk, and said in the schema's
 descriptions. Each analysis' own records (its checks, its outcomes) stay open objects here: their
-analysis owns them; the atlas has a schema of its own, referenced by its ``$id``.
+analysis owns them; the atlas has a schema of its own, referenced by its ``$id``; qk's block is
+declared by qk (:mod:`headscope.analyses.qk_block`), inlined in the JSON Schema, and read with its
+rules (each head inside the layout, shares and margins as the decomposition guarantees them).
 """
 
 from __future__ import annotations
@@ -294,6 +296,12 @@ def _atlas_id() -> str:
     return str(atlas_schema()["$id"])
 
 
+def _qk_schema() -> dict[str, Any]:
+    from headscope.analyses.qk_block import json_schema as qk_schema
+
+    return qk_schema()
+
+
 # --- the declaration --------------------------------------------------------------------------------
 
 _OPT_STRING = Nullable(STRING)
@@ -456,6 +464,8 @@ RESULT = Obj(
             Nullable(open_object(_atlas_id)),
             description="every head's description: headscope-atlas/1, its schema below",
         ),
+        # declared by its analysis (headscope.analyses.qk_block), checked in _check like the atlas
+        "qk": Field(Nullable(Scalar(_object_problem, _qk_schema))),
     },
     "a headscope result: the tidy rows and what the tables say around them. Fields not listed are an "
     "analysis' own (a plugin's) and are ignored when read.",
@@ -677,6 +687,16 @@ def _check(saved: Any) -> list[str]:
     _layer_list("layout.local_layers", layout.get("local_layers"), layers)
     for key in ("local", "global"):
         _layer_list(f"layers.{key}", (saved.get("layers") or {}).get(key), layers)
+    if saved.get("qk") is not None:
+        # qk's block, declared by qk: a damaged one is refused here, before the report drops its section
+        from headscope.analyses.qk_block import located, qk_problems
+        from headscope.core.schemacheck import SchemaProblem
+
+        try:
+            qk_problems(saved["qk"], (layers, heads, kv_heads))
+        except SchemaProblem as problem:
+            where, hint = located(problem)
+            raise Refusal(where, problem.problem, hint=hint) from None
 
     seen: dict[tuple[Any, ...], int] = {}
     for index, row in enumerate(saved["rows"]):

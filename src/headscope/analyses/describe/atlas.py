@@ -23,9 +23,10 @@ where ``headscope weights`` refuses the model) and ``matters`` (with ``--ablate`
 
 ``headscope-atlas/2`` adds, with ``describe --why``, per head ``why`` (why it attends where it
 does, from ``headscope qk`` on the same windows: ``key`` and ``query``, its top sources each side as
-``{source, kind, role, share, ci_low, ci_high}``, ``margin``, and ``reconstructed``, the explained
+``{source, kind, role, share, ci_low, ci_high}``, ``margin``, ``unresolved`` (null, or why its
+margin is not split: then every share and interval is null), and ``reconstructed``, the explained
 share of its attention rebuilt from its top k sources each side, ``{k, explained, ci_low,
-ci_high}``) and at the top ``why`` (what it read: ``data``, ``windows``, ``rows_per_window``, and
+ci_high}``; read with qk's rules, :mod:`headscope.analyses.qk_block`) and at the top ``why`` (what it read: ``data``, ``windows``, ``rows_per_window``, and
 the decomposition's ``check``). Readers accept ``headscope-atlas/1`` documents, which have neither.
 
 Also optional within ``/2``, the heatmaps' data: at the top ``excerpts``, one per evaluation window
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from headscope.analyses import qk_block
 from headscope.core import schemacheck
 from headscope.errors import HeadscopeError, InputError
 from headscope.verdicts.roles import head_roles
@@ -138,6 +140,7 @@ class Atlas:
                 "key": [{k: item[k] for k in keep} for item in explained["key"][:WHY_SOURCES]],
                 "query": [{k: item[k] for k in keep} for item in explained["query"][:WHY_SOURCES]],
                 "margin": explained["margin"],
+                "unresolved": explained.get("unresolved"),
                 "reconstructed": explained.get("reconstructed", []),
             }
         self.why = {
@@ -661,39 +664,17 @@ def json_schema() -> dict[str, Any]:
             "no_interval": {"type": "string", "description": "why loss_increase has no interval"},
         },
     }
-    source = {
-        "type": "object",
-        "required": ["source", "kind", "share"],
-        "properties": {
-            "source": {"type": "string", "description": "embed, LjHm, mlpj or bias"},
-            "kind": {"enum": ["embed", "head", "mlp", "bias"]},
-            "role": {"type": "string"},
-            "share": {"type": "number", "description": "its share of the head's margin on this side"},
-            "ci_low": {"type": ["number", "null"]},
-            "ci_high": {"type": ["number", "null"]},
-        },
-    }
     why = {
         "type": "object",
-        "description": "describe --why: the sources of the head's queries and keys (headscope qk)",
+        "description": "describe --why: the sources of the head's queries and keys (headscope qk); "
+        "a resolved head's margin is above 0, an unresolved one's shares are null",
         "required": ["key", "query", "margin"],
         "properties": {
-            "key": {"type": "array", "items": source},
-            "query": {"type": "array", "items": source},
+            "key": {"type": "array", "items": qk_block.SOURCE},
+            "query": {"type": "array", "items": qk_block.SOURCE},
             "margin": {"type": "number"},
-            "reconstructed": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["k", "explained"],
-                    "properties": {
-                        "k": {"type": "integer", "minimum": 0},
-                        "explained": {"type": "number"},
-                        "ci_low": {"type": ["number", "null"]},
-                        "ci_high": {"type": ["number", "null"]},
-                    },
-                },
-            },
+            "unresolved": qk_block.UNRESOLVED,
+            "reconstructed": {"type": "array", "items": qk_block.RECONSTRUCTED},
         },
     }
     head = {
@@ -930,6 +911,8 @@ def _check_heads(data: dict[str, Any]) -> None:
         seen[key] = index
         if "excerpt" in head:
             _check_excerpt(where, head["excerpt"], data.get("excerpts") or [])
+        if "why" in head:  # qk's rules for a head's explanation (its top sources only)
+            qk_block.explanation_problems(f"{where}.why", head["why"], every_source=False)
         totals: dict[str, float] = {}
         for component in head["components"]:
             totals[component["query_class"]] = totals.get(component["query_class"], 0.0) + component["weight"]
