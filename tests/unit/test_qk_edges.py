@@ -227,3 +227,15 @@ def test_verify_rows_outside_the_later_copies_are_refused_before_any_pass(toy, m
     )
     assert found.checks[0].value.heads[0].rows_read > 0
     assert QK  # the analysis whose check_loaded calls it
+
+
+def test_a_qk_block_read_on_its_own_is_checked(silenced):
+    from headscope.analyses.qk import QKResult
+
+    block = silenced.qk.to_json()
+    assert (
+        QKResult.from_json(block).head(1, 2)["key"][0]["source"] == silenced.qk.head(1, 2)["key"][0]["source"]
+    )
+    del block["heads"][2]["key"][0]["share"]  # before: read without a word
+    with pytest.raises(InputError, match=r"saved\.json: qk\.heads\[2\]\.key\[0\]"):
+        QKResult.from_json(block, "saved.json")

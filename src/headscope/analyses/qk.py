@@ -685,10 +685,13 @@ class QKResult:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> QKResult:
-        """Read back a saved ``qk`` block (version 1)."""
-        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("heads"), list):
-            raise InputError("the qk block is not version 1 (or has no heads)", hint="rerun headscope qk")
+    def from_json(cls, data: dict[str, Any], source: str = "qk block") -> QKResult:
+        """Read back a saved ``qk`` block, checked against its schema and invariants
+        (:func:`headscope.analyses.qk_block.check_qk_block`): a damaged block is refused in one line
+        naming ``source`` and the JSON path."""
+        from .qk_block import check_qk_block
+
+        check_qk_block(data, source)
         return cls(
             data["heads"],
             data.get("data", ""),
