@@ -208,6 +208,8 @@ class HeadSums:
     query: list[np.ndarray] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     rounding: list[float] = field(default_factory=list)  # the margin's rounding bound (_Waiting)
+    value: list[np.ndarray] = field(default_factory=list)  # value side: each source's part of output
+    output: list[float] = field(default_factory=list)  # sum_q |o(q)|^2, the value side's total
     choosing: list[int] = field(default_factory=list)  # rows read that see more than one key
     explained: list[np.ndarray] = field(default_factory=list)  # [len(RECONSTRUCT_K)] mean over rows
     pairs: np.ndarray | None = None  # [PAIRS, PAIRS] summed over windows
@@ -269,9 +271,11 @@ class Split:
         tops: dict[tuple[int, int], tuple[list[int], list[int]]] | None,
         detectors: list[Any],
         oracle: bool = False,
+        value: bool = False,
     ) -> None:
         self.loaded = loaded
         self.oracle = oracle  # every source projected (tests: the pull-back's oracle)
+        self.value = value  # also the value side (headscope graph)
         self.heads = heads
         self.sample = sample
         self.recorder = recorder
@@ -383,7 +387,14 @@ class Split:
         if self.tops is not None:
             tops = [(self.sums[(layer, h)].top_key, self.sums[(layer, h)].top_query) for h in heads]
         prepared = decomposer.prepare(
-            recording, parts, heads, centred, tops, cuts=RECONSTRUCT_K, individual=PAIRS
+            recording,
+            parts,
+            heads,
+            centred,
+            tops,
+            cuts=RECONSTRUCT_K,
+            individual=PAIRS,
+            attention=weights[chosen] if self.value else None,
         )
         oracle = None
         if self.oracle:
@@ -431,6 +442,10 @@ class Split:
                 torch.cat([c.margin for c in chunks]),
                 [h for c in chunks for h in c.heads],
             )
+            if self.value:
+                found.value = torch.cat([c.value for c in chunks if c.value is not None])
+                found.output = torch.cat([c.output for c in chunks if c.output is not None])
+                self._check_value(w.layer, found.value, found.output)
             self._record(w, found)
 
     def _record(self, w: _Waiting, found: WindowParts) -> None:
@@ -447,6 +462,9 @@ class Split:
             sums.rows.append(len(w.rows))
             sums.rounding.append(float(w.rounding[i]))
             sums.choosing.append(w.choosing)
+            if found.value is not None and found.output is not None:
+                sums.value.append(found.value[i].numpy())
+                sums.output.append(float(found.output[i]))
             if self.tops is not None:
                 self._evaluate(sums, i, w.state, found.heads[i], w.centred[i], w.weights[h], w.visible)
                 self._example(sums, i, w.state, found.heads[i], w.weights[h], w.visible, w.rows, w.ids)
@@ -587,6 +605,18 @@ class Split:
                 hint="report the family to headscope",
             )
 
+    def _check_value(self, layer: int, value_num: torch.Tensor, output: torch.Tensor) -> None:
+        # The value parts are linear in the sources (frozen norm): they sum to sum_q |o(q)|^2.
+        scale = torch.maximum(value_num.abs().sum(-1), output.abs()).clamp(min=1e-300)
+        error = float(((value_num.sum(-1) - output).abs() / scale).max())
+        self.score_error = max(self.score_error, error)
+        if error > SCORE_TOLERANCE:
+            raise Unsupported(
+                f"qk: {self.loaded.name} layer {layer}: the sources' value parts sum to the heads' "
+                f"outputs only to {error:.1e} relative (needs {SCORE_TOLERANCE:g})",
+                hint="report the family to headscope",
+            )
+
     def _check_sum(
         self, layer: int, key_num: torch.Tensor, query_num: torch.Tensor, margin: torch.Tensor
     ) -> None:
@@ -616,9 +646,10 @@ def _run_split(
     progress: Any,
     label: str,
     oracle: bool = False,
+    value: bool = False,
 ) -> Split:
     recorder = SourceWrites(loaded, list(heads))
-    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors, oracle)
+    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors, oracle, value)
     for detector in detectors:
         detector.start(loaded.layout, len(pairs))
     batches = model_batches(loaded, [p[0] for p in pairs], [p[1] for p in pairs], 1)
@@ -643,8 +674,10 @@ def _run_split(
 def _shares(
     sums: HeadSums, side: str, n_resamples: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each source's share of the side's total (the margin; the value side: sum_q |o(q)|^2), the
+    ratio of sums over windows, with its bootstrap interval over windows."""
     num = torch.tensor(np.stack(getattr(sums, side)))  # [W, S]
-    den = torch.tensor(sums.margin)
+    den = torch.tensor(sums.output if side == "value" else sums.margin)
     share = num.sum(0).numpy() / max(float(den.sum()), 1e-30)
     low, high, _ = bootstrap_ratio(num, den, n_resamples=n_resamples, seed=seed)
     return share, low, high
@@ -756,8 +789,18 @@ def _summarise(
             "windows": len(sums.margin),
         }
         comp = composition.get((layer, head), {})
-        for side in SIDES:
-            if unresolved is None:
+        sides = SIDES
+        if sums.value:  # the value side: its own total, resolved where the head writes anything
+            sides = (*SIDES, "value")
+            entry["output"] = float(np.sum(sums.output) / n_rows)
+            entry["value_unresolved"] = (
+                None
+                if np.sum(sums.output) > 0
+                else "the head writes nothing at the rows read (its output is 0), so no share"
+            )
+        for side in sides:
+            blocked = entry["value_unresolved"] if side == "value" else unresolved
+            if blocked is None:
                 share, low, high = _shares(sums, side, n_resamples, seed)
                 order = np.argsort(-np.abs(share))
             else:  # no share: the sources in their own order
@@ -775,7 +818,9 @@ def _summarise(
                         "share": _nan(float(share[i])),
                         "ci_low": _nan(low[i]),
                         "ci_high": _nan(high[i]),
-                        "composition": None if weights is None else float(weights[1 if side == "key" else 0]),
+                        "composition": None
+                        if weights is None or side == "value"
+                        else float(weights[1 if side == "key" else 0]),
                     }
                 )
             entry[side] = listed
@@ -973,11 +1018,13 @@ def explain(
     repeated: bool = False,
     progress: Any = None,
     oracle: bool = False,
+    value: bool = False,
 ) -> tuple[QKResult, dict[str, Any]]:
     """The decomposition of ``chosen`` heads (None: every head) on windows given as (ids, special)
     pairs: ``fit_pairs`` rank each head's sources, ``eval_pairs`` measure everything reported
     (``describe --why`` calls this with its own windows). ``repeated``: the windows are repeated
-    random tokens (the detectors that name the sources' roles include induction)."""
+    random tokens (the detectors that name the sources' roles include induction). ``value``: each
+    head's value side too, on the evaluation split (``headscope graph``)."""
     layout = loaded.layout
     chosen = chosen or [(layer, h) for layer in range(layout.n_layers) for h in range(layout.n_heads)]
     heads: dict[int, list[int]] = {}
@@ -997,7 +1044,17 @@ def explain(
         detectors = detectors_for("text", None)
     sample = RowSample(rows, seed, 1)
     evaluation = _run_split(
-        loaded, eval_pairs, heads, decomposers, sample, tops, detectors, progress, "qk: evaluate", oracle
+        loaded,
+        eval_pairs,
+        heads,
+        decomposers,
+        sample,
+        tops,
+        detectors,
+        progress,
+        "qk: evaluate",
+        oracle,
+        value,
     )
     roles = _roles(loaded, detectors, n_resamples, seed)
     composition, note = _composition(loaded, chosen)

@@ -816,6 +816,8 @@ class WindowParts:
     query: torch.Tensor  # [h, S] queries side
     margin: torch.Tensor  # [h]
     heads: list[HeadTops] = field(default_factory=list)  # the evaluation split's tops, per head
+    value: torch.Tensor | None = None  # [h, S] each source's part of sum_q <o_b(q), o(q)> (values side)
+    output: torch.Tensor | None = None  # [h] sum_q |o(q)|^2, what the value parts sum to
 
 
 @dataclass
@@ -835,6 +837,12 @@ class Prepared:
     r_key: torch.Tensor  # [h, T * D] the pull-backs, flat
     r_query: torch.Tensor  # [h, R * D]
     plans: list[_TopPlan]
+    # the value side (None: not asked): the pull-back [h, T * D], each head's c(k) [h, T, dv] (its
+    # output pulled back through W_O and its attention) and sum_q |o(q)|^2 [h]
+    r_value: torch.Tensor | None = None
+    c_value: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+    value_num: torch.Tensor | None = field(init=False, default=None)
     key_num: torch.Tensor = field(init=False)
     query_num: torch.Tensor = field(init=False)
     bias: torch.Tensor = field(init=False)
@@ -851,6 +859,8 @@ class Prepared:
         length, d_model = self.x.shape
         rows = len(self.parts.rows)
         held = self.r_key.numel() + self.r_query.numel()
+        if self.r_value is not None:
+            held += self.r_value.numel()
         if self.plans:
             groups = sum(len(plan.bounds) for plan in self.plans)
             singles = len({s for plan in self.plans for s in plan.key_individual})
@@ -864,6 +874,7 @@ class Prepared:
         rows = len(self.parts.rows)
         self.key_num = torch.zeros(n, count, dtype=torch.float64)
         self.query_num = torch.zeros_like(self.key_num)
+        self.value_num = None if self.r_value is None else torch.zeros_like(self.key_num)
         self.bias = torch.zeros_like(self.x)
         groups = sum(len(plan.bounds) for plan in self.plans)
         self.key_member = torch.zeros(groups, count, dtype=torch.float64)
@@ -964,6 +975,7 @@ class Decomposer:
         self.post = Post(attention, layout)
         self.sources = source_names(loaded, layer)
         self.columns: tuple[list[_Index], list[_Index]] | None = None
+        self._value: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
         self._disjoint = {"query": False, "key": False}  # whether the heads' columns are disjoint
         layers = [j for j in attention_layers(loaded) if j < layer]
         shared = {} if shared is None else shared
@@ -1118,6 +1130,7 @@ class Decomposer:
         tops: Sequence[tuple[list[int], list[int]]] | None = None,
         cuts: Sequence[int] = (),
         individual: int = 0,
+        attention: torch.Tensor | None = None,
     ) -> list[Prepared]:
         """One window of this layer for the heads ``heads``, ready for the pass over the blocks'
         writes (:meth:`flush`): each head's cotangents pulled back to the block's input (one
@@ -1125,7 +1138,14 @@ class Decomposer:
         uniform over the keys it sees, at the rows read. With ``tops`` (per head, its top key and
         query sources, ranked on the fit split), the evaluation split's reading of them: the first
         ``individual`` of each side one by one, the ranks between the ``cuts`` above as groups.
-        Heads come in chunks whose held pull-backs fit :data:`PULLBACK_BYTES`."""
+        Heads come in chunks whose held pull-backs fit :data:`PULLBACK_BYTES`.
+
+        ``attention`` (the heads' attention ``[h, R, T]`` at the rows read): also the value side,
+        each source's part of ``sum_q <o_b(q), o(q)>`` where ``o(q) = sum_k A[q,k] v(k) W_O`` is the
+        head's output at query q (before any post-attention norm) and ``o_b`` the part of it that
+        source b's write carries through the frozen input norm and ``W_V``. It is linear in the
+        write: ``sum_k x_b(k) . r(k)``, ``r(k)`` the pull-back of ``c(k) = sum_q A[q,k] W_O o(q)``
+        through ``W_V`` of the head's KV group and the frozen norm; the parts sum to ``sum_q |o(q)|^2``."""
         chosen = torch.tensor(list(heads))
         group = parts.query.shape[0] // parts.key.shape[0]
         groups = chosen // group
@@ -1139,16 +1159,29 @@ class Decomposer:
         x = recording.x[self.layer].double()
         scale = self.norm.scale(x) if self.norm is not None else None
         width = self.w_q.shape[0] + self.w_k.shape[0]
-        held = max(1, PULLBACK_BYTES // (8 * length * (d_model + len(rows))))
+        sides = 2 if attention is None else 3
+        held = max(1, PULLBACK_BYTES // (8 * length * ((sides - 1) * d_model + len(rows))))
         per_backward = max(1, PULLBACK_BYTES // (8 * 2 * length * 4 * width))
+        values = None
+        if attention is not None:
+            w_v, b_v, w_o = self._value_weights()
+            values = torch.einsum("td,gde->gte", recording.attn[self.layer][0].double(), w_v)
+            if b_v is not None:
+                values = values + b_v[:, None]
         out = []
         for start in range(0, len(heads), held):
             part = slice(start, min(len(heads), start + held))
             r_key, r_query = self._pull_back(parts, chosen[part], g_key[part], g_query[part], per_backward)
+            r_value = c_value = output = None
+            if attention is not None:
+                assert values is not None
+                r_value, c_value, output = self._value_pull_back(chosen[part], attention[part], values)
             if scale is not None:
                 assert self.norm is not None
                 r_key = self.norm.fold(r_key) / scale[None, :, None]
                 r_query = self.norm.fold(r_query) / scale[None, rows, None]
+                if r_value is not None:
+                    r_value = self.norm.fold(r_value) / scale[None, :, None]
             plans = [_TopPlan.of(top, cuts, individual) for top in tops[part]] if tops is not None else []
             out.append(
                 Prepared(
@@ -1164,9 +1197,44 @@ class Decomposer:
                     r_key.reshape(r_key.shape[0], -1),
                     r_query.reshape(r_query.shape[0], -1),
                     plans,
+                    None if r_value is None else r_value.reshape(r_value.shape[0], -1),
+                    c_value,
+                    output,
                 )
             )
         return out
+
+    def _value_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This layer's ``(W_V [KV, D, dv], b_V [KV, dv] or None, W_O [H, dv, D])``, float64, read
+        once (the value side)."""
+        if self._value is None:
+            blocks = anatomy.blocks(self.loaded.model)
+            attention = projections.attention_module(blocks[self.layer])
+            path = projections.value_path(attention, anatomy.text_config(self.loaded.model.config))
+            if path.linear is None:
+                raise Unsupported(
+                    f"{self.loaded.name} layer {self.layer}: its values are not linear in the attention's "
+                    "input (latent or clipped values), so the value side cannot be split over sources"
+                )
+            w_o, _ = projections.output_projection(attention, self.loaded.layout.n_heads)
+            bias = None if path.bias is None else path.bias.detach().double()
+            self._value = (path.linear.detach().double(), bias, w_o.detach().double())
+        return self._value
+
+    def _value_pull_back(
+        self, chosen: torch.Tensor, attention: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(r [h, T, D] before the input norm, c [h, T, dv], sum_q |o(q)|^2 [h])`` for heads
+        ``chosen`` with attention ``[h, R, T]`` over ``values [KV, T, dv]`` (see :meth:`prepare`)."""
+        w_v, _, w_o = self._value_weights()
+        value_groups = chosen // (self.loaded.layout.n_heads // w_v.shape[0])
+        head_out = torch.einsum("hrt,hte->hre", attention.double(), values[value_groups])  # [h, R, dv]
+        written = torch.einsum("hre,hed->hrd", head_out, w_o[chosen])  # o(q) [h, R, D]
+        output = written.pow(2).sum((-1, -2))
+        back = torch.einsum("hrd,hed->hre", written, w_o[chosen])  # W_O o(q) [h, R, dv]
+        c_value = torch.einsum("hrt,hre->hte", attention.double(), back)  # [h, T, dv]
+        r_value = torch.einsum("hte,hde->htd", c_value, w_v[value_groups])  # [h, T, D]
+        return r_value, c_value, output
 
     def flush(self, recording: Recording, prepared: Sequence[Prepared]) -> list[WindowParts]:
         """The pass over the blocks' writes for every prepared layer below or at this one (this
@@ -1194,6 +1262,9 @@ class Decomposer:
                 valid = sum(1 for c in columns if c < len(p.decomposer.sources) - 1)
                 if valid:
                     p.key_num[:, columns[:valid]] = p.r_key @ flat[:valid].T
+                    if p.r_value is not None:
+                        assert p.value_num is not None
+                        p.value_num[:, columns[:valid]] = p.r_value @ flat[:valid].T
             buffered.clear()
 
         for columns, write, b in self._writes_by_block(recording):
@@ -1221,6 +1292,16 @@ class Decomposer:
         p.key_num[:, -1] = (k_bias[0][p.groups] * p.g_key).sum((-1, -2))
         p.query_num[:, -1] = (q_bias[0][p.chosen] * p.g_query).sum((-1, -2))
         found = WindowParts(p.key_num, p.query_num, p.margin)
+        if p.r_value is not None:
+            assert p.value_num is not None and p.c_value is not None
+            # the bias source's values: the constant part of each value (its bias and the norm's)
+            w_v, b_v, _ = self._value_weights()
+            value_groups = p.chosen // (self.loaded.layout.n_heads // w_v.shape[0])
+            values = torch.einsum("td,gde->gte", normed[0], w_v[value_groups])
+            if b_v is not None:
+                values = values + b_v[value_groups, None]
+            p.value_num[:, -1] = (values * p.c_value).sum((-1, -2))
+            found.value, found.output = p.value_num, p.output
         if not p.plans:
             return found
         means = block_means[: len(self.sources)].clone()
