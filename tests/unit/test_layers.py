@@ -50,6 +50,7 @@ LEAF_MODULES = {
     "headscope.core.rolespec",
     "headscope.core.weighttables",
     "headscope.core.schemacheck",
+    "headscope.core.held",
 }
 LEVEL = {group: level for level, groups in LAYERS for group in groups}
 # Names imported from the package root other than __version__ are the API's lazy exports.

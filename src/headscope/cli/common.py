@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from headscope.core import held
 from headscope.extend.protocol import ENTRY, option
 from headscope.models.options import LoadOptions, load_group
 from headscope.outputs.terminal import Emit, loading, print_result, reported, run_progress
@@ -73,18 +74,23 @@ def run_analysis(
     outputs: tuple[tuple[str, Path | None], ...] = (),
 ) -> Any:
     """Every analysis command: check, load, run (and verify) through the API, then print and write
-    (:func:`headscope.outputs.terminal.print_result`); returns the result (for its own output files)."""
+    (:func:`headscope.outputs.terminal.print_result`); returns the result (for its own output files).
+
+    What loading and the checks say (headscope's log, Python's warnings, the model's layout line) is
+    held until the checks pass (:mod:`headscope.core.held`): a refusal is one line, not one line
+    under a warning about a run that never starts. ``--debug`` holds nothing."""
     import headscope.api as hs
 
     entry = ENTRY.set("cli")  # refusals name --flags, not keywords
     try:
         planned = hs.plan_options(name, options)  # every bad input is refused before the model loads
         check_outputs(emit.force, ("-o", emit.output), ("--csv", csv), *outputs)
-        started = time.perf_counter()
-        loaded = load_model(model, LoadOptions.from_groups(load, capture))
-        loaded_seconds = time.perf_counter() - started
-        with run_progress(emit, top) as (progress, printed):
-            result = hs.run(name, loaded, planned=planned, progress=progress, profile=load.profile)
+        with held.holding(enabled=not emit.debug):
+            started = time.perf_counter()
+            loaded = load_model(model, LoadOptions.from_groups(load, capture))
+            loaded_seconds = time.perf_counter() - started
+            with run_progress(emit, top) as (progress, printed):
+                result = hs.run(name, loaded, planned=planned, progress=progress, profile=load.profile)
         start = printed.sections if printed is not None else 0
         print_result(name, result, emit, top=top, start=start, csv=csv, load_seconds=loaded_seconds)
         return result

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from headscope.core import held
 from headscope.core.registry import Registry
 from headscope.errors import InputError
 from headscope.verdicts.stats import MIN_RESAMPLES, check_resamples
@@ -363,6 +364,8 @@ def execute(
     sweep stores tables only).
 
     A model whose attention maps do not reproduce it is refused here, the same way from every entry.
+    Once the checks pass, what the command line held while loading and checking is shown
+    (:func:`headscope.core.held.go_on`); a refusal drops it, so it stays one line.
     """
     from headscope.capture import checks
     from headscope.capture.borrow import borrowed
@@ -370,6 +373,7 @@ def execute(
     analysis.check_loaded(loaded, options)
     with borrowed(loaded):
         checks.require(loaded, *analysis.views(loaded, options))
+        held.go_on()
         outcome = analysis.run(loaded, options, prepared, progress)
         # Every decomposition checked on this model (the run's own, and any its parts asked for).
         outcome.extra_json["conformance"] = {

@@ -47,8 +47,11 @@ class Bars:
 
 @contextlib.contextmanager
 def progress_bars(console: Console | None = None) -> Iterator[Bars]:
-    """Rich progress bars on stderr; NO_COLOR turns them off."""
+    """Rich progress bars on stderr; NO_COLOR turns them off, and so does a stderr that is no terminal
+    (nor Jupyter): there Rich draws nothing while the bars move and, bars being transient, one blank
+    line when they end (above a refusal's one line, or a run's tables)."""
     console = console or Console(stderr=True)
+    drawn = console.is_terminal or console.is_jupyter
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -57,7 +60,7 @@ def progress_bars(console: Console | None = None) -> Iterator[Bars]:
         TimeRemainingColumn(),
         console=console,
         transient=True,
-        disable=bool(os.environ.get("NO_COLOR")),
+        disable=bool(os.environ.get("NO_COLOR")) or not drawn,
     )
     with bar:
         yield Bars(bar)

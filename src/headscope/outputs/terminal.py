@@ -24,6 +24,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from headscope import files
+from headscope.core import held
 from headscope.errors import MAX_MESSAGE, HeadscopeError, NotApplicable, elide
 from headscope.extend.protocol import option
 
@@ -177,7 +178,8 @@ def reported(debug: bool, passing: tuple[type[BaseException], ...] = ()) -> Iter
 @contextlib.contextmanager
 def loading(model: str) -> Iterator[Callable[[Any], None]]:
     """A spinner on stderr while ``model`` loads (on a terminal), ended by the ``on_loaded(loaded)``
-    this yields (hs.show's and hs.run's, or called after hs.load), which prints the loaded model's layout."""
+    this yields (hs.show's and hs.run's, or called after hs.load), which prints the loaded model's layout
+    (held, as the log is, while an analysis command checks the model: :mod:`headscope.core.held`)."""
     status = err.status(f"loading {model} … (a GGUF is dequantized once, then read from the cache)")
     if not PLAIN:
         status.start()
@@ -185,8 +187,8 @@ def loading(model: str) -> Iterator[Callable[[Any], None]]:
     def on_loaded(loaded: Any) -> None:
         status.stop()
         kind = "causal" if loaded.is_causal else "bidirectional"
-        layout = loaded.layout.describe()
-        err.print(f"{loaded.name}: {layout}, {kind}, capture={loaded.capture_mode}", soft_wrap=True)
+        line = f"{loaded.name}: {loaded.layout.describe()}, {kind}, capture={loaded.capture_mode}"
+        held.show(lambda: err.print(line, soft_wrap=True))  # an analysis' refusal stays one line
 
     try:
         yield on_loaded
