@@ -393,15 +393,10 @@ class Result:
         beside: Result | None = None,
     ) -> str:
         """The self-contained HTML report (inline CSS, JS and data; nothing is fetched). ``beside``:
-        another model's describe result, drawn beside this one (both need an atlas)."""
+        another model's describe result, drawn beside this one (both describe results with an atlas;
+        any other pair raises :class:`~headscope.errors.InputError`, as the page would leave one out)."""
         if beside is not None:
-            for which, result in (("the first", self), ("the second", beside)):
-                if result.atlas is None:
-                    raise InputError(
-                        f"{which} result ({result.analysis} of {result.model}) has no atlas: two results "
-                        "side by side are two describe results",
-                        hint="headscope describe MODEL --format json -o a.json, for each model",
-                    )
+            self._check_beside(beside)
         self.beside = beside
         from headscope.outputs import html as page
         from headscope.outputs import report_data
@@ -436,8 +431,37 @@ class Result:
             or report_data.python_call(self.analysis, self.model, self.options)
         )
         built = report_data.build(saved, layout=layout, examples=maps, command=made)
-        built["notes"] += [*self._read_notes, *(notes or [])]
+        # The second result's notes (its own and reading it), named, as the first's are on the page.
+        beside_notes = (
+            [f"the second result ({beside.analysis} of {beside.model}): {text}" for text in beside.notes]
+            if beside is not None
+            else []
+        )
+        built["notes"] += [*self._read_notes, *beside_notes, *(notes or [])]
         return page.render(built, self._html_sections())
+
+    def _check_beside(self, beside: Result) -> None:
+        """Refuse a pair of results that one page cannot hold: only an analysis that draws a second
+        result beside its own (``Analysis.draws_beside``: describe) shares its page, and only with
+        another result of its kind, both with an atlas. Any other pair would be drawn as the first
+        alone, the second left out."""
+        from headscope.analyses import ANALYSES
+
+        kinds = [name for name in ANALYSES if ANALYSES[name].draws_beside]
+        pair = f"{self.analysis} of {self.model} and {beside.analysis} of {beside.model}"
+        if self.analysis not in kinds or beside.analysis != self.analysis:
+            raise InputError(
+                f"{pair} cannot share one page: only two {' or two '.join(kinds)} results stand side by side",
+                hint="write one page per result: headscope report RESULT --html PAGE; two models side by "
+                "side: headscope describe MODEL --format json -o a.json for each, then report both",
+            )
+        for which, result in (("the first", self), ("the second", beside)):
+            if result.atlas is None:
+                raise InputError(
+                    f"{which} result ({result.analysis} of {result.model}) has no atlas: two results "
+                    "side by side are two describe results with their atlases",
+                    hint="headscope describe MODEL --format json -o a.json, for each model",
+                )
 
     def _html_sections(self) -> list[str]:
         """The analysis' own section of the report (``Analysis.html_section``), built-in or plugin."""

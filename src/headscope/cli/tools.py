@@ -17,7 +17,7 @@ from headscope.models import DEFAULT_MODEL
 from headscope.models.options import LoadOptions
 from headscope.outputs import listing, views
 from headscope.outputs import sweeps as summary
-from headscope.outputs.reporting import ReportOptions, write_report
+from headscope.outputs.reporting import ReportOptions, check_given, write_report
 from headscope.outputs.sweeps import SweepPlot
 from headscope.outputs.terminal import Debug, Emit, loading, out, print_compared, say, write_output
 from headscope.outputs.views import ShowOptions, ShowWindow
@@ -104,7 +104,7 @@ def report_cmd(
     """Build the HTML report of a saved result (scan --format json), with attention heatmaps; of two
     describe results, one page with both models' atlases side by side."""
     check_outputs(options.force, ("--html", options.html))
-    saved = [hs.Result.from_json(path, run=options.run) for path in result_files[:2]]
+    saved = [hs.Result.from_json(path, run=options.run) for path in check_given(result_files, options)]
     write_report(
         saved, options, lambda spec: load_model(spec, LoadOptions.from_groups(where)), len(result_files)
     )

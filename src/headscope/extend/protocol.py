@@ -184,6 +184,9 @@ class Analysis:
     # It has a command (headscope NAME); False where an option is not a command-line value (hs.detect's
     # patterns are tensors or functions).
     cli: ClassVar[bool] = True
+    # Its html_section draws a second result of this analysis beside the first (``result.beside``:
+    # describe, two models' atlases on one page); no other pair of results can share a page.
+    draws_beside: ClassVar[bool] = False
 
     def option_names(self) -> set[str]:
         """The names of the options this analysis declares."""

@@ -29,6 +29,35 @@ class ReportOptions:
     force: bool = option(False, "Overwrite output files that already exist.")
 
 
+def check_given(paths: list[Path], options: ReportOptions) -> list[Path]:
+    """``paths``, once checked before anything is read or written: refused, an input the page would
+    leave out: a third result, ``--model`` for two results (their page draws no model's heatmaps,
+    only their cards') or with ``--no-examples``, ``--run`` where no sweep store is given (it picks
+    a run of one)."""
+    if len(paths) > 2:
+        raise InputError(
+            f"report: {len(paths)} results given; it draws one, or two describe results side by side",
+            hint="one page per result: headscope report RESULT --html PAGE",
+        )
+    if len(paths) == 2 and options.model is not None:
+        raise InputError(
+            "report: --model names the model of one result's heatmaps; two describe results are drawn "
+            "with their cards' heatmaps, from no model",
+            hint="leave --model out",
+        )
+    if options.model is not None and not options.examples:
+        raise InputError(
+            "report: --model names the model of the heatmaps, and --no-examples leaves them out",
+            hint="leave one of them out",
+        )
+    if options.run is not None and not any(Path(path).expanduser().is_dir() for path in paths):
+        raise InputError(
+            "report: --run picks a run of a sweep store, and no sweep store is given",
+            hint="give the store's folder, or leave --run out",
+        )
+    return paths
+
+
 def write_report(
     results: Any, options: ReportOptions, load: Callable[[str], Any], given: int | None = None
 ) -> None:
@@ -36,7 +65,8 @@ def write_report(
     of the model ``load(spec)`` gives (``--model``, or the one the result names). A model that cannot
     be loaded leaves them out, with a note in the report and on stderr. ``results``: one result, or
     a list of one or two (two describe results: one page, the second drawn beside the first, its
-    cards' heatmaps standing in for the examples); ``given``: how many the user named."""
+    cards' heatmaps standing in for the examples; any other pair is refused, by ``Result.html``,
+    before anything is written); ``given``: how many the user named."""
     results = results if isinstance(results, list) else [results]
     if (given or len(results)) > 2:
         raise InputError(

@@ -289,6 +289,7 @@ class Describe(Analysis):
     print_sections = False
     json_roles = True
     sweepable = True
+    draws_beside = True  # headscope report a.json b.json: the second model's atlas beside the first's
     outputs = (
         Output(
             "--html",
