@@ -122,3 +122,44 @@ def test_the_value_parts_sum_to_the_output_on_a_gqa_model_with_biases():
         assert abs(shares["bias"]) > 1e-4  # v_proj's bias is a source of every value
         assert entry["output"] > 0 and entry["value_unresolved"] is None
     assert found.check["score_error"] < 1e-6
+
+
+def test_the_planted_k_composition_is_an_edge(tmp_path):
+    """The toy with layer 0's heads but L0H1 silenced: every induction head's keys come from L0H1
+    (share >= 0.8, measured 0.92 by qk), an edge with its interval above 0 and a verified ratio; the
+    edges CSV has the declared columns."""
+    import headscope as hs
+    from headscope.analyses.graph import EDGE_COLUMNS
+
+    planted = load(str(TOY_DIR))
+    with torch.no_grad():
+        weight = planted.model.model.layers[0].self_attn.o_proj.weight
+        for head in (0, 2, 3):
+            weight[:, head * 16 : (head + 1) * 16] = 0
+    result = hs.graph(
+        planted,
+        heads="L1H0,L1H1,L1H2,L1H3",
+        repeat_seq=2,
+        seq_len=20,
+        windows=5,
+        rows=0,
+        resamples=200,
+        verify=2,
+    )
+    found = result.graph
+    for head in range(4):
+        keys = [e for e in found.edges if (e["layer"], e["head"], e["side"]) == (1, head, "key")]
+        assert keys[0]["source"] == "L0H1" and keys[0]["share"] >= 0.8 and keys[0]["ci_low"] > 0.5
+        assert keys[0]["measure"] == "margin"
+        values = [e for e in found.edges if (e["layer"], e["head"], e["side"]) == (1, head, "value")]
+        assert values and values[0]["measure"] == "output"
+    verified = [e for e in found.edges if e["verified_ratio"] is not None]
+    assert len(verified) == 2 and all(e["verified_ratio"] > 1.5 for e in verified)
+    path = tmp_path / "edges.csv"
+    result.graph.edges_table(result.model).to_csv(path, index=False)
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    assert list(table.columns) == EDGE_COLUMNS and len(table) == len(found.edges)
+    back = hs.Result.from_json(result.to_json())
+    assert back.graph.edges == found.edges

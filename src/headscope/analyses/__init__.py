@@ -9,7 +9,7 @@ from headscope.analyses.scan import scan
 from headscope.analyses.induction import induction
 from headscope.analyses.syntax import check_relations, syntax
 from headscope.analyses.coref import coref
-from headscope.analyses import retrieval, kvplan, ioi, weights, icl, detect, describe, qk  # noqa: F401
+from headscope.analyses import retrieval, kvplan, ioi, weights, icl, detect, describe, qk, graph  # noqa: F401
 
 # isort: on
 from headscope.data.defaults import DEFAULT_COREF_SETS, DEFAULT_TEXT_SET, DEFAULT_TREEBANKS

@@ -272,10 +272,14 @@ class Split:
         detectors: list[Any],
         oracle: bool = False,
         value: bool = False,
+        contrast: list[torch.Tensor] | None = None,
     ) -> None:
         self.loaded = loaded
         self.oracle = oracle  # every source projected (tests: the pull-back's oracle)
         self.value = value  # also the value side (headscope graph)
+        # per window (by its index), key weights [T] that replace A - 1/n: the contrast of labelled
+        # prompts (the answer's keys against the distractor's), read at the rows sampled
+        self.contrast = contrast
         self.heads = heads
         self.sample = sample
         self.recorder = recorder
@@ -320,7 +324,8 @@ class Split:
             length = int(batch.attention_mask[row].sum())
             ids = batch.input_ids[row, :length].tolist()
             recording = self.recorder.current(row)
-            self._decompose(layer, recording, chunks, read[row, :length], row, length, ids)
+            window = int(batch.example_index[row])
+            self._decompose(layer, recording, chunks, read[row, :length], row, length, ids, window)
             held = sum(p.nbytes for w in self._waiting for p in w.prepared)
             # a window's layers wait for one another (batches of one window), never across rows
             if last or held > WAITING_BYTES or batch.input_ids.shape[0] > 1:
@@ -358,6 +363,7 @@ class Split:
         row: int,
         length: int,
         ids: list[int],
+        window: int = 0,
     ) -> None:
         layout = self.loaded.layout
         rows, weights, visible = self._gather(chunks, read, row, length, layout.n_heads)
@@ -370,6 +376,9 @@ class Split:
         decomposer = self.decomposers[layer]
         n_vis = visible.sum(-1, keepdim=True).clamp(min=1).double()
         centred = weights[chosen] - visible.double()[None] / n_vis[None]  # [h, R, T]
+        if self.contrast is not None:  # the answer's keys against the distractor's, at each row
+            keys = self.contrast[window][:length].double()
+            centred = (keys[None, None, :] * visible.double()[None]).expand(len(chosen), -1, -1).clone()
         parts = decomposer.actual(recording, rows)
         query = parts.query[chosen]  # [h, R, d]
         key = parts.key[groups]  # [h, T, d]
@@ -381,7 +390,8 @@ class Split:
         # the margin is known only to about eps * sum A|s| (the scores' offset included).
         eps = torch.finfo(chunks[0][1].dtype).eps
         scores = (scaling * query @ key.transpose(1, 2)).abs().masked_fill(~visible[None], 0.0)
-        rounding = eps * (weights[chosen] * scores).sum((1, 2))  # [h]
+        # a contrast's weights are exact; its scores are rounded at eps of themselves
+        rounding = eps * ((weights[chosen] if self.contrast is None else centred.abs()) * scores).sum((1, 2))
         choosing = int((visible.sum(-1) > 1).sum())
         tops = None
         if self.tops is not None:
@@ -647,9 +657,10 @@ def _run_split(
     label: str,
     oracle: bool = False,
     value: bool = False,
+    contrast: list[torch.Tensor] | None = None,
 ) -> Split:
     recorder = SourceWrites(loaded, list(heads))
-    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors, oracle, value)
+    split = Split(loaded, heads, sample, recorder, decomposers, tops, detectors, oracle, value, contrast)
     for detector in detectors:
         detector.start(loaded.layout, len(pairs))
     batches = model_batches(loaded, [p[0] for p in pairs], [p[1] for p in pairs], 1)
@@ -678,7 +689,12 @@ def _shares(
     ratio of sums over windows, with its bootstrap interval over windows."""
     num = torch.tensor(np.stack(getattr(sums, side)))  # [W, S]
     den = torch.tensor(sums.output if side == "value" else sums.margin)
-    share = num.sum(0).numpy() / max(float(den.sum()), 1e-30)
+    # a contrast may be negative (a total that is not resolved never gets here: _unresolved): its
+    # shares are the same of -num / -den, and the bootstrap reads positive totals
+    if float(den.sum()) < 0:
+        num, den = -num, -den
+    total = float(den.sum())
+    share = num.sum(0).numpy() / (total if total != 0 else math.nan)
     low, high, _ = bootstrap_ratio(num, den, n_resamples=n_resamples, seed=seed)
     return share, low, high
 
@@ -744,15 +760,21 @@ def _nan(value: float) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _unresolved(sums: HeadSums) -> str | None:
+def _unresolved(sums: HeadSums, signed: bool = False) -> str | None:
     """Why the head's margin cannot be split (None where it can): no row chose between keys, or the
-    margin is within :data:`RESOLVE` times its rounding bound (a share would be a ratio of noise)."""
+    margin is within :data:`RESOLVE` times its rounding bound (a share would be a ratio of noise).
+    ``signed``: a contrast (it may be negative; its size is what must clear the bound)."""
     n_rows = max(1, int(np.sum(sums.rows)))
     if not np.sum(sums.choosing):
         return "no query row read sees more than one key, so the head makes no choice to split"
     margin, resolution = float(np.sum(sums.margin)), RESOLVE * float(np.sum(sums.rounding))
-    if margin > resolution:
+    if (abs(margin) if signed else margin) > resolution:
         return None
+    if signed:
+        return (
+            f"its contrast ({margin / n_rows:.2g} per prompt) is within {RESOLVE}x its float rounding "
+            f"({resolution / n_rows:.2g}): it does not measurably prefer the answer or the distractor"
+        )
     if resolution == 0:
         return (
             "its scores are 0 at every key it attends to (its queries or keys carry no signal), so "
@@ -777,7 +799,7 @@ def _summarise(
         if not sums.margin:
             continue
         n_rows = max(1, int(np.sum(sums.rows)))
-        unresolved = _unresolved(sums)
+        unresolved = _unresolved(sums, signed=evaluation.contrast is not None)
         entry: dict[str, Any] = {
             "layer": layer,
             "head": head,
@@ -1019,12 +1041,17 @@ def explain(
     progress: Any = None,
     oracle: bool = False,
     value: bool = False,
+    contrast: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    sample: Any = None,
 ) -> tuple[QKResult, dict[str, Any]]:
     """The decomposition of ``chosen`` heads (None: every head) on windows given as (ids, special)
     pairs: ``fit_pairs`` rank each head's sources, ``eval_pairs`` measure everything reported
     (``describe --why`` calls this with its own windows). ``repeated``: the windows are repeated
     random tokens (the detectors that name the sources' roles include induction). ``value``: each
-    head's value side too, on the evaluation split (``headscope graph``)."""
+    head's value side too, on the evaluation split (``headscope graph``). ``contrast``: per fit and
+    evaluation window, key weights ``[T]`` that replace each row's ``A - 1/n`` (labelled prompts: the
+    answer's keys against the distractor's), read at the rows of ``sample`` (a reader of the rows,
+    the same for both splits; default: ``rows`` sampled as describe does)."""
     layout = loaded.layout
     chosen = chosen or [(layer, h) for layer in range(layout.n_layers) for h in range(layout.n_heads)]
     heads: dict[int, list[int]] = {}
@@ -1035,14 +1062,25 @@ def explain(
     shared: dict[int, Any] = {}  # W_O of each layer, one copy for every layer's decomposer
     decomposers = {layer: Decomposer(loaded, layer, shared) for layer in heads}
     fit = _run_split(
-        loaded, fit_pairs, heads, decomposers, RowSample(rows, seed, 0), None, [], progress, "qk: fit", oracle
+        loaded,
+        fit_pairs,
+        heads,
+        decomposers,
+        RowSample(rows, seed, 0) if sample is None else sample,
+        None,
+        [],
+        progress,
+        "qk: fit",
+        oracle,
+        contrast=None if contrast is None else contrast[0],
     )
     tops = _tops(fit)
     if repeated:
         detectors = create_detectors(["previous-token", "duplicate-token", "induction", "sink"])
     else:
         detectors = detectors_for("text", None)
-    sample = RowSample(rows, seed, 1)
+    given = sample
+    sample = RowSample(rows, seed, 1) if given is None else given
     evaluation = _run_split(
         loaded,
         eval_pairs,
@@ -1055,6 +1093,7 @@ def explain(
         "qk: evaluate",
         oracle,
         value,
+        None if contrast is None else contrast[1],
     )
     roles = _roles(loaded, detectors, n_resamples, seed)
     composition, note = _composition(loaded, chosen)

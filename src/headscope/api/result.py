@@ -177,7 +177,7 @@ class Result:
         atlas = self.atlas
         if atlas is None:
             raise InputError(f"{self.analysis} result has no atlas: no head cards", hint="use hs.describe")
-        found = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", head.strip()) if isinstance(head, str) else None
+        found = re.fullmatch(r"[Ll]([0-9]+)[Hh]([0-9]+)", head.strip()) if isinstance(head, str) else None
         if found is None:
             raise InputError(f"head {head!r}: expected a head as L<layer>H<head>, such as L18H6")
         layer, index = int(found[1]), int(found[2])
@@ -185,6 +185,19 @@ class Result:
         if not (layer < layers and index < heads):
             raise InputError(f"head {head!r}: outside the model's {layers} layers x {heads} heads")
         return HeadCard(atlas, layer, index)
+
+    @property
+    def graph(self) -> Any:
+        """``hs.graph``'s head graph: a ``GraphResult`` (``heads``, ``edges``, ``edges_table(model)``),
+        live or read back from a saved result; None for other analyses."""
+        if self._outcome is not None:
+            return self._outcome.state.get("graph")
+        saved = (self._saved or {}).get("graph")
+        if saved is None:
+            return None
+        from headscope.analyses.graph import GraphResult
+
+        return GraphResult.from_json(saved)
 
     @property
     def qk(self) -> Any:
