@@ -230,6 +230,11 @@ def graph(
         sample=sample,
     )
     notes = list(found.notes)
+    if contrast is not None:
+        notes.append(
+            "no roles on labelled prompts (the detectors need more than each prompt's final row): "
+            "headscope ioi and headscope scan name them"
+        )
     if not options.resamples:
         notes.append("no intervals (--resamples 0): edges kept by their share alone")
     result = GraphResult(

@@ -55,19 +55,28 @@ def print_graph(result: Any, console: Any, top: int) -> None:
         f"the head's {measure}, values of its output. By role group: the sources that are edges in "
         "most of the group's heads, with their mean share there"
     )
-    for role, heads in _groups(found.heads)[: max(top, 1)]:
+    groups = _groups(found.heads)
+    if all(not role for role, _ in groups):  # no roles (labelled prompts): head by head
+        groups = [("", [entry]) for entry in found.heads]
+    for role, heads in groups[: max(top, 1)]:
         names = ", ".join(f"L{e['layer']}H{e['head']}" for e in heads[:6])
         more = f" and {len(heads) - 6} more" if len(heads) > 6 else ""
-        console.print(
-            f"\n[bold]{escape(role + ' heads' if role else 'heads with no role')}[/bold] ({names}{more})"
-        )
+        if role:
+            title = f"{role} heads ({names}{more})"
+        else:
+            title = names if len(heads) == 1 else f"heads with no role ({names}{more})"
+        if len(heads) == 1 and found.measure == "contrast" and heads[0].get("margin") is not None:
+            margin = heads[0]["margin"]
+            title += f" (contrast {margin:+.2f} per prompt: {'the answer' if margin > 0 else 'the distractor'} preferred)"
+        console.print(f"\n[bold]{escape(title)}[/bold]")
         for side in ("query", "key", "value"):
             listed = group_edges(found, heads, side)[:SHOWN]
             if not listed:
                 console.print(f"  ← {LABELS[side]} (no edge)")
                 continue
             text = " · ".join(
-                f"{source}{f' ({r})' if r else ''} {share:.2f} in {count} of {len(heads)}"
+                f"{source}{f' ({r})' if r else ''} {share:.2f}"
+                + (f" in {count} of {len(heads)}" if len(heads) > 1 else "")
                 for source, r, share, count in listed
             )
             console.print(f"  ← {LABELS[side]} {escape(text)}")

@@ -1075,7 +1075,9 @@ def explain(
         contrast=None if contrast is None else contrast[0],
     )
     tops = _tops(fit)
-    if repeated:
+    if contrast is not None:  # roles found on a dozen tokens' final row would mean nothing
+        detectors = []
+    elif repeated:
         detectors = create_detectors(["previous-token", "duplicate-token", "induction", "sink"])
     else:
         detectors = detectors_for("text", None)
