@@ -10,11 +10,12 @@ list of these:
   at one position, in chosen rows (the function-vector heads' mean-patching);
 * :class:`AddVector`: a vector added to the residual stream after a block, at one position per row
   (the function vector's test);
-* :class:`KeyOnly`: a write removed from one block's key input only: the block's queries, values and
-  every other block see the stream unchanged (qk's causal check, K-composition by intervention).
+* :class:`KeyOnly`, :class:`QueryOnly`, :class:`ValueOnly`: a write removed from one block's key
+  (query, value) input only: the block's other projections and every other block see the stream
+  unchanged (qk's and graph's causal checks, K-, Q- and V-composition by intervention).
 
 The first two act inside headscope's streaming attention function, so they need streaming capture
-and install no hook; the other three are forward hooks. :func:`applied` is the one way to put a list
+and install no hook; the others are forward hooks. :func:`applied` is the one way to put a list
 of edits on a model: ``capture.run(loaded, batches, Pass(edits=[...]))`` uses it, and so can a caller that runs the
 model itself (a cached decoding step). Its hooks go through :func:`headscope.capture.hooks.hooked`
 and are removed in ``finally``, also when the pass raises.
@@ -26,7 +27,7 @@ import contextlib
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -95,27 +96,84 @@ class AddVector:
 
 
 @dataclass(frozen=True)
-class KeyOnly:
+class _OneInput:
+    """A write removed from one projection's input of block ``layer`` (the subclasses name which)."""
+
+    layer: int
+    removed: Callable[[Batch], torch.Tensor] = field(repr=False)
+
+    side: ClassVar[str] = ""  # query, key or value
+    at: ClassVar[int] = 0  # its index in projections.separate_qkv's names
+    default: ClassVar[str] = ""  # the Llama name of the projection, for messages
+
+
+@dataclass(frozen=True)
+class QueryOnly(_OneInput):
+    """A write removed from block ``layer``'s query input only.
+
+    ``removed(batch)`` gives ``[B, T, D]``: what to take out of the block's input (the residual
+    stream) before its query projection. The query projection then reads ``norm(x - removed)``,
+    the block's own pre-attention norm recomputed on the changed stream (a post-norm block, which
+    has none before its attention, reads ``x - removed``); the keys, the values and every other
+    block read the stream unchanged. Needs separate query/key/value projections (``q_proj``; a LoRA
+    adapter over one counts). Run it through :func:`headscope.capture.run`, which tells
+    :func:`applied` each batch.
+
+    Several on one layer compose (the query projection reads ``norm(x - r1 - r2 - ...)``), and so
+    do :class:`KeyOnly` and :class:`ValueOnly` on the same layer: each projection reads the stream
+    less its own removals. A removal of another shape than the block's input is refused
+    (:class:`~headscope.errors.InputError`) at the forward that computes it.
+    """
+
+    side: ClassVar[str] = "query"
+    at: ClassVar[int] = 0
+    default: ClassVar[str] = "q_proj"
+
+
+@dataclass(frozen=True)
+class KeyOnly(_OneInput):
     """A write removed from block ``layer``'s key input only.
 
     ``removed(batch)`` gives ``[B, T, D]``: what to take out of the block's input (the residual
     stream) before its key projection. The key projection then reads ``norm(x - removed)``, the
     block's own pre-attention norm recomputed on the changed stream (a real intervention, not the
-    frozen statistic of the decomposition); the queries and values read ``norm(x)`` as before. Needs
-    a separate key projection (``k_proj``). Run it through :func:`headscope.capture.run`, which
-    tells :func:`applied` each batch.
+    frozen statistic of the decomposition; a post-norm block reads ``x - removed``); the queries and
+    values read ``norm(x)`` as before. Needs a separate key projection (``k_proj``). Run it through
+    :func:`headscope.capture.run`, which tells :func:`applied` each batch.
 
     Several on one layer compose: the key projection reads ``norm(x - r1 - r2 - ...)``, the same as
-    one edit removing their sum. A removal of another shape than the block's input is refused
-    (:class:`~headscope.errors.InputError`) at the forward that computes it.
+    one edit removing their sum; :class:`QueryOnly` and :class:`ValueOnly` on the same layer compose
+    with them (each projection reads the stream less its own removals). A removal of another shape
+    than the block's input is refused (:class:`~headscope.errors.InputError`) at the forward that
+    computes it.
     """
 
-    layer: int
-    removed: Callable[[Batch], torch.Tensor] = field(repr=False)
+    side: ClassVar[str] = "key"
+    at: ClassVar[int] = 1
+    default: ClassVar[str] = "k_proj"
 
 
-Edit = AblateHeads | StreamHeads | PatchHeads | AddVector | KeyOnly
-KINDS: tuple[type, ...] = (AblateHeads, StreamHeads, PatchHeads, AddVector, KeyOnly)
+@dataclass(frozen=True)
+class ValueOnly(_OneInput):
+    """A write removed from block ``layer``'s value input only.
+
+    ``removed(batch)`` gives ``[B, T, D]``: the value projection then reads ``norm(x - removed)``
+    (a post-norm block: ``x - removed``), and the queries, keys and every other block read the
+    stream unchanged, so the block's attention weights stay as they were and only what its heads
+    move changes. Needs a separate value projection (``v_proj``; a LoRA adapter over one counts).
+    Composes as :class:`QueryOnly` does, with its own kind and with the other two.
+    """
+
+    side: ClassVar[str] = "value"
+    at: ClassVar[int] = 2
+    default: ClassVar[str] = "v_proj"
+
+
+ONE_INPUT: tuple[type[_OneInput], ...] = (QueryOnly, KeyOnly, ValueOnly)
+
+
+Edit = AblateHeads | StreamHeads | PatchHeads | AddVector | QueryOnly | KeyOnly | ValueOnly
+KINDS: tuple[type, ...] = (AblateHeads, StreamHeads, PatchHeads, AddVector, QueryOnly, KeyOnly, ValueOnly)
 
 
 class Applied:
@@ -224,7 +282,7 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
                     f"head {head}'s value has shape {tuple(value.shape)}",
                     f"give [{width}] (one head's output)",
                 )
-    elif isinstance(edit, KeyOnly):
+    elif isinstance(edit, _OneInput):
         if edit.layer not in attention:
             _refuse(edit, f"layer {edit.layer} has no attention", layers)
         if not callable(edit.removed):
@@ -232,14 +290,14 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
                 edit,
                 f"removed {_shown(edit.removed)} is not a function",
                 f"give a function of the batch that returns what to take out of layer {edit.layer}'s "
-                "key input, [batch, tokens, d_model]: a source's write, not its name",
+                f"{edit.side} input, [batch, tokens, d_model]: a source's write, not its name",
             )
         module = projections.attention_module(anatomy.blocks(loaded.model)[edit.layer])
-        if projections.separate_qkv(module) is None:
+        if _projection(module, edit) is None:
             _refuse(
                 edit,
-                f"{type(module).__name__} has no separate key projection (k_proj)",
-                "a fused query/key/value projection cannot be edited on the key side alone",
+                f"{type(module).__name__} has no separate {edit.side} projection ({edit.default})",
+                f"a fused query/key/value projection cannot be edited on the {edit.side} side alone",
             )
     elif isinstance(edit, AddVector):
         if not 0 <= edit.layer < blocks:
@@ -264,6 +322,18 @@ def _check_one(loaded: Any, edit: Edit, attention: list[int], blocks: int) -> No
             )
 
 
+def _projection(attention: torch.nn.Module, edit: _OneInput) -> torch.nn.Module | None:
+    """The attention module's separate projection that ``edit`` changes the input of, or None
+    (fused projections, or no separate value projection)."""
+    names = projections.separate_qkv(attention)
+    if names is None:
+        return None
+    try:
+        return attention.get_submodule(names[edit.at])
+    except AttributeError:
+        return None
+
+
 def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
     listed = [e for e in edits if e is not None]
     for edit in listed:
@@ -284,7 +354,7 @@ def _checked(loaded: Any, edits: Iterable[Edit | None]) -> list[Edit]:
 
 
 def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) -> None:
-    if not any(isinstance(edit, (PatchHeads, AddVector, KeyOnly)) for edit in edits):
+    if not any(isinstance(edit, (PatchHeads, AddVector, *ONE_INPUT)) for edit in edits):
         return  # AblateHeads and StreamHeads act in the attention function, not by hooks
     blocks = anatomy.blocks(loaded.model)
     n_heads = loaded.layout.n_heads
@@ -313,15 +383,15 @@ def _install(loaded: Any, edits: Sequence[Edit], live: Applied, hooks: Hooks) ->
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
             hooks.after(blocks[edit.layer], add)
-    keys: dict[int, list[KeyOnly]] = {}
+    inputs: dict[int, list[_OneInput]] = {}
     for edit in edits:
-        if isinstance(edit, KeyOnly):
-            keys.setdefault(operator.index(edit.layer), []).append(edit)
-    for layer, chosen in keys.items():
-        _key_only(chosen, blocks[layer], live, hooks)
+        if isinstance(edit, _OneInput):
+            inputs.setdefault(operator.index(edit.layer), []).append(edit)
+    for layer, chosen in inputs.items():
+        _one_input(chosen, blocks[layer], live, hooks)
 
 
-def _removal(edit: KeyOnly, batch: Batch, x: torch.Tensor) -> torch.Tensor:
+def _removal(edit: _OneInput, batch: Batch, x: torch.Tensor) -> torch.Tensor:
     """What ``edit`` takes out of ``x`` ``[B, T, D]`` for this batch, refused unless it has x's shape."""
     removed = edit.removed(batch)
     want = f"[batch, tokens, d_model] = {list(x.shape)}, layer {edit.layer}'s input for this batch"
@@ -334,9 +404,10 @@ def _removal(edit: KeyOnly, batch: Batch, x: torch.Tensor) -> torch.Tensor:
     return removed.to(device=x.device, dtype=x.dtype)
 
 
-def _key_only(chosen: list[KeyOnly], block: torch.nn.Module, live: Applied, hooks: Hooks) -> None:
-    """One hook pair for every key-only edit of one block: the key projection reads
-    ``norm(x - r1 - r2 - ...)``, so the edits compose (a second does not replace the first)."""
+def _one_input(chosen: list[_OneInput], block: torch.nn.Module, live: Applied, hooks: Hooks) -> None:
+    """The query-, key- and value-only edits of one block: one hook keeps the block's input x, and
+    one hook per projection edited makes it read ``norm(x - r1 - r2 - ...)``, the removals of its
+    own kind, so edits of one kind sum and edits of different kinds each reach only their projection."""
     attention = projections.attention_module(block)
     norm = projections.input_norm(block)
     seen: dict[str, torch.Tensor] = {}
@@ -344,19 +415,27 @@ def _key_only(chosen: list[KeyOnly], block: torch.nn.Module, live: Applied, hook
     def keep(_module: Any, args: tuple, kwargs: dict) -> None:
         seen["x"] = args[0] if args else kwargs["hidden_states"]
 
-    def replace(_module: Any, args: tuple) -> tuple:
-        if live.batch is None:
-            raise RunFailure("KeyOnly needs the pass's batch: run it through capture.run")
-        x = seen["x"]
-        changed = x
-        for edit in chosen:
-            changed = changed - _removal(edit, live.batch, x)
-        return (norm(changed) if norm is not None else changed, *args[1:])
+    def replacing(mine: list[_OneInput]) -> Callable[[Any, tuple], tuple]:
+        def replace(_module: Any, args: tuple) -> tuple:
+            if live.batch is None:
+                raise RunFailure(
+                    f"{type(mine[0]).__name__} needs the pass's batch: run it through capture.run"
+                )
+            x = seen["x"]
+            changed = x
+            for edit in mine:
+                changed = changed - _removal(edit, live.batch, x)
+            return (norm(changed) if norm is not None else changed, *args[1:])
 
-    names = projections.separate_qkv(attention)
-    assert names is not None  # checked before the pass
+        return replace
+
     hooks.before(block, keep, with_kwargs=True)
-    hooks.before(attention.get_submodule(names[1]), replace)
+    for kind in ONE_INPUT:
+        mine = [edit for edit in chosen if isinstance(edit, kind)]
+        if mine:
+            module = _projection(attention, mine[0])
+            assert module is not None  # checked before the pass
+            hooks.before(module, replacing(mine))
 
 
 @contextlib.contextmanager
@@ -366,8 +445,9 @@ def applied(loaded: Any, edits: Iterable[Edit | None]) -> Iterator[Applied]:
     Checked before any hook goes on (:class:`~headscope.errors.InputError` naming the edit): a known
     kind, layers and heads given as ints that the model has, values of one head's width and vectors of
     the model's, functions where a function goes, at most one :class:`AblateHeads` and one
-    :class:`StreamHeads`, and streaming capture for those two. Several :class:`KeyOnly` on one layer
-    compose; a removal's shape is checked at the forward that computes it. Every hook is removed in
+    :class:`StreamHeads`, and streaming capture for those two. Several :class:`QueryOnly`,
+    :class:`KeyOnly` and :class:`ValueOnly` on one layer compose; a removal's shape is checked at the
+    forward that computes it. Every hook is removed in
     ``finally``, whatever the pass inside did.
     """
     listed = _checked(loaded, edits)
@@ -384,7 +464,10 @@ __all__ = [
     "Edit",
     "KINDS",
     "KeyOnly",
+    "ONE_INPUT",
     "PatchHeads",
+    "QueryOnly",
     "StreamHeads",
+    "ValueOnly",
     "applied",
 ]
