@@ -248,8 +248,17 @@ def qk_problems(data: Any, layout: tuple[int, int, int] | None = None) -> None:
             "version", f"{version}: written by a newer headscope (this one reads version {VERSION})"
         )
     schemacheck.check(json_schema(), data)
+    heads_problems(data["heads"], layout)
+
+
+def heads_problems(
+    heads: list[dict[str, Any]], layout: tuple[int, int, int] | None = None, signed: bool = False
+) -> None:
+    """A block's heads (fitted to :data:`HEAD`): each once, inside ``layout``, each explanation's
+    invariants (:func:`explanation_problems`) and its example's. ``signed``: see there (graph's
+    blocks read with its rules too: :mod:`headscope.analyses.graph_block`)."""
     seen: dict[tuple[int, int], int] = {}
-    for index, entry in enumerate(data["heads"]):
+    for index, entry in enumerate(heads):
         where = f"heads[{index}]"
         key = (entry["layer"], entry["head"])
         if layout is not None:
@@ -259,14 +268,17 @@ def qk_problems(data: Any, layout: tuple[int, int, int] | None = None) -> None:
                 where, f"L{key[0]}H{key[1]} again (heads[{seen[key]}]): each head appears once"
             )
         seen[key] = index
-        explanation_problems(where, entry, every_source=True)
+        explanation_problems(where, entry, every_source=True, signed=signed)
         _example_problems(f"{where}.example", entry.get("example"))
 
 
-def explanation_problems(where: str, entry: dict[str, Any], every_source: bool) -> None:
+def explanation_problems(where: str, entry: dict[str, Any], every_source: bool, signed: bool = False) -> None:
     """What a schema cannot say about one head's explanation (a qk head, or an atlas head's ``why``,
     already fitted to :data:`SOURCE` and :data:`RECONSTRUCTED`): the module's invariants.
-    ``every_source``: the sides list every source, so a resolved head's shares sum to 1."""
+    ``every_source``: the sides list every source, so a resolved head's shares sum to 1.
+    ``signed``: the margin is a contrast (``graph --data``: the answer's keys against the
+    distractor's, ``Σ_k w_k s(q,k)`` with signed weights), which may have either sign; a resolved
+    one's size is above 0 and not below its resolution (qk's ``_unresolved(signed=True)``)."""
     unresolved = entry.get("unresolved")
     if unresolved is not None:
         if not unresolved.strip():
@@ -275,14 +287,11 @@ def explanation_problems(where: str, entry: dict[str, Any], every_source: bool) 
                 "expected null or the reason the head is unresolved, got an empty string",
             )
         for side in SIDES:
-            for index, item in enumerate(entry[side]):
-                for name in ("share", "ci_low", "ci_high"):
-                    if item.get(name) is not None:
-                        raise schemacheck.SchemaProblem(
-                            f"{where}.{side}[{index}].{name}",
-                            f"{_shown(item[name])} on an unresolved head: its margin is not split, so "
-                            "every share and interval is null",
-                        )
+            null_side_problems(
+                f"{where}.{side}",
+                entry[side],
+                "on an unresolved head: its margin is not split, so every share and interval is null",
+            )
         for name in ("pairs", "reconstructed"):
             if entry.get(name):
                 raise schemacheck.SchemaProblem(
@@ -292,31 +301,26 @@ def explanation_problems(where: str, entry: dict[str, Any], every_source: bool) 
                 )
         return
     margin = entry["margin"]
-    if margin <= 0:
+    size = abs(margin) if signed else margin
+    if size <= 0:
         raise schemacheck.SchemaProblem(
             f"{where}.margin",
-            f"{_shown(margin)} on a resolved head (no unresolved reason): the margin of a head that "
-            "chooses is above 0 (softmax weighs the higher scores more)",
+            f"{_shown(margin)} on a resolved head (no unresolved reason): "
+            + (
+                "a resolved contrast is away from 0 (its size is above its float rounding)"
+                if signed
+                else "the margin of a head that chooses is above 0 (softmax weighs the higher scores more)"
+            ),
         )
     resolution = entry.get("resolution")
-    if resolution is not None and margin < resolution:
+    if resolution is not None and size < resolution:
         raise schemacheck.SchemaProblem(
             f"{where}.margin",
-            f"{_shown(margin)} is below the head's resolution {_shown(resolution)}, yet the head is "
-            "resolved (no unresolved reason)",
+            f"{_shown(margin)} is {'in size ' if signed else ''}below the head's resolution "
+            f"{_shown(resolution)}, yet the head is resolved (no unresolved reason)",
         )
     for side in SIDES:
-        shares = []
-        for index, item in enumerate(entry[side]):
-            at = f"{where}.{side}[{index}]"
-            if item["share"] is None:
-                raise schemacheck.SchemaProblem(
-                    f"{at}.share", "null on a resolved head (no unresolved reason): expected its share"
-                )
-            shares.append(item["share"])
-            _interval(at, item)
-        if every_source:
-            _sum_to_one(f"{where}.{side}", shares)
+        side_problems(f"{where}.{side}", entry[side], every_source)
     for index, item in enumerate(entry.get("reconstructed") or []):
         at = f"{where}.reconstructed[{index}]"
         for name in ("explained", "ci_low", "ci_high"):
@@ -328,6 +332,33 @@ def explanation_problems(where: str, entry: dict[str, Any], every_source: bool) 
                     "(sum_k min(A, rebuilt)) is at most 1",
                 )
         _interval(at, item)
+
+
+def side_problems(
+    where: str,
+    items: list[dict[str, Any]],
+    every_source: bool,
+    resolved: str = "a resolved head (no unresolved reason)",
+) -> None:
+    """A resolved side (``where``: ``heads[3].key``): every share given, each interval ordered, and,
+    where ``every_source`` is listed, the shares summing to 1 (:func:`_sum_to_one`)."""
+    shares = []
+    for index, item in enumerate(items):
+        at = f"{where}[{index}]"
+        if item["share"] is None:
+            raise schemacheck.SchemaProblem(f"{at}.share", f"null on {resolved}: expected its share")
+        shares.append(item["share"])
+        _interval(at, item)
+    if every_source:
+        _sum_to_one(where, shares)
+
+
+def null_side_problems(where: str, items: list[dict[str, Any]], why: str) -> None:
+    """An unresolved side: every ``share``, ``ci_low`` and ``ci_high`` null (``why`` ends the message)."""
+    for index, item in enumerate(items):
+        for name in ("share", "ci_low", "ci_high"):
+            if item.get(name) is not None:
+                raise schemacheck.SchemaProblem(f"{where}[{index}].{name}", f"{_shown(item[name])} {why}")
 
 
 def _sum_to_one(where: str, shares: list[float]) -> None:

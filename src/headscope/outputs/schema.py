@@ -16,7 +16,9 @@ once per table, the versioning rule) is checked after the walk, and said in the 
 descriptions. Each analysis' own records (its checks, its outcomes) stay open objects here: their
 analysis owns them; the atlas has a schema of its own, referenced by its ``$id``; qk's block is
 declared by qk (:mod:`headscope.analyses.qk_block`), inlined in the JSON Schema, and read with its
-rules (each head inside the layout, shares and margins as the decomposition guarantees them).
+rules (each head inside the layout, shares and margins as the decomposition guarantees them); so is
+graph's (:mod:`headscope.analyses.graph_block`: qk's head rules, a value side, and its edges as
+copies of the heads' qualifying sources).
 """
 
 from __future__ import annotations
@@ -302,6 +304,12 @@ def _qk_schema() -> dict[str, Any]:
     return qk_schema()
 
 
+def _graph_schema() -> dict[str, Any]:
+    from headscope.analyses.graph_block import json_schema as graph_schema
+
+    return graph_schema()
+
+
 # --- the declaration --------------------------------------------------------------------------------
 
 _OPT_STRING = Nullable(STRING)
@@ -466,6 +474,8 @@ RESULT = Obj(
         ),
         # declared by its analysis (headscope.analyses.qk_block), checked in _check like the atlas
         "qk": Field(Nullable(Scalar(_object_problem, _qk_schema))),
+        # declared by its analysis (headscope.analyses.graph_block), read with qk's head rules and its own
+        "graph": Field(Nullable(Scalar(_object_problem, _graph_schema))),
     },
     "a headscope result: the tidy rows and what the tables say around them. Fields not listed are an "
     "analysis' own (a plugin's) and are ignored when read.",
@@ -696,6 +706,17 @@ def _check(saved: Any) -> list[str]:
             qk_problems(saved["qk"], (layers, heads, kv_heads))
         except SchemaProblem as problem:
             where, hint = located(problem)
+            raise Refusal(where, problem.problem, hint=hint) from None
+    if saved.get("graph") is not None:
+        # graph's block, declared by graph: its heads read as qk's, its edges as copies of them
+        from headscope.analyses.graph_block import graph_problems
+        from headscope.analyses.graph_block import located as graph_located
+        from headscope.core.schemacheck import SchemaProblem
+
+        try:
+            graph_problems(saved["graph"], (layers, heads, kv_heads))
+        except SchemaProblem as problem:
+            where, hint = graph_located(problem)
             raise Refusal(where, problem.problem, hint=hint) from None
 
     seen: dict[tuple[Any, ...], int] = {}
