@@ -413,6 +413,34 @@ def qk(
 ) -> Result:
     """Why each head attends where it does: its attention scores split exactly over the components that write its queries and keys (embedding, heads, MLPs), each source's share of its choice, and a causal check that removes the top source from the head's key input."""
 
+def graph(
+    model: Any = ...,
+    tokenizer: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    capture: str = "auto",
+    device_map: str | None = None,
+    revision: str | None = None,
+    progress: bool | Callable | None = None,
+    profile: bool = False,
+    resamples: int = 1000,
+    seed: int = 0,
+    heads: str | None = None,
+    context: int = 256,
+    lang: str = "en",
+    eval_text: Path | None = None,
+    repeat_seq: int = 0,
+    seq_len: int = 50,
+    windows: int = 6,
+    rows: int = 64,
+    verify: int = 0,
+    controls: int = 5,
+    data: Path | None = None,
+    threshold: float = 0.1,
+) -> Result:
+    """How heads compose: every head's query, key and value sources measured on data (a share of its margin, or of the answer-against-distractor contrast on labelled prompts, and of its output), kept as edges where the share is clear, with the causal check."""
+
 __all__ = [
     "Analysis",
     "Check",
@@ -432,6 +460,7 @@ __all__ = [
     "coref",
     "describe",
     "detect",
+    "graph",
     "icl",
     "induction",
     "ioi",

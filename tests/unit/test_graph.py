@@ -154,7 +154,7 @@ def test_the_planted_k_composition_is_an_edge(tmp_path):
         values = [e for e in found.edges if (e["layer"], e["head"], e["side"]) == (1, head, "value")]
         assert values and values[0]["measure"] == "output"
     verified = [e for e in found.edges if e["verified_ratio"] is not None]
-    assert len(verified) == 2 and all(e["verified_ratio"] > 1.5 for e in verified)
+    assert len(verified) == 6 and all(e["verified_ratio"] > 1.5 for e in verified)  # 3 sides x 2 heads
     path = tmp_path / "edges.csv"
     result.graph.edges_table(result.model).to_csv(path, index=False)
     import pandas as pd

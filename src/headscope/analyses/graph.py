@@ -36,6 +36,8 @@ from headscope.extend.protocol import Analysis, Outcome, Output, option, registe
 from headscope.verdicts.results import CSV_COLUMNS, HIDDEN_COLUMNS
 
 from . import qk
+from .graph_block import check_graph_block
+from .graph_page import write_graph_html
 from .qk import QK, QKInputs, QKOptions, explain, parse_heads
 
 THRESHOLD = 0.1
@@ -106,16 +108,15 @@ class GraphResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = "graph block") -> GraphResult:
-        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("edges"), list):
-            raise InputError(
-                f"{source}: the graph block is not version 1 (or has no edges)", hint="rerun headscope graph"
-            )
+        """Read back a saved ``graph`` block, checked against its schema and invariants
+        (:func:`headscope.analyses.graph_block.check_graph_block`)."""
+        check_graph_block(data, source)
         return cls(
-            data.get("heads", []),
+            data["heads"],
             data["edges"],
             data.get("data", ""),
-            data.get("measure", "margin"),
-            data.get("threshold", THRESHOLD),
+            data["measure"],
+            data["threshold"],
             data.get("windows", {}),
             data.get("check", {}),
         )
@@ -255,7 +256,16 @@ def graph(
         notes=notes,
         layout=loaded.layout,
     )
-    return report, result, {**state, "qk": found, "verify_rows": later}
+    return (
+        report,
+        result,
+        {
+            **state,
+            "qk": found,
+            "verify_rows": later,
+            "contrast": None if contrast is None else contrast[1],
+        },
+    )
 
 
 def tidy_rows(model: str, result: GraphResult) -> pd.DataFrame:
@@ -321,6 +331,13 @@ class Graph(Analysis):
             write_edges,
             first=True,
         ),
+        Output(
+            "--html",
+            "Write the head graph as a self-contained HTML page (the report's shell, offline): layers as "
+            "rows, heads coloured by role, edges by side; click a head for its sources; #L3H1 opens it.",
+            write_graph_html,
+            first=True,
+        ),
     )
 
     def check(self, options: GraphOptions) -> GraphInputs:
@@ -341,6 +358,10 @@ class Graph(Analysis):
     def check_loaded(self, loaded: Any, options: GraphOptions) -> None:
         if options.data is None:
             QK().check_loaded(loaded, options)
+            if options.verify:
+                from .graph_verify import check_verify
+
+                check_verify(loaded, options.verify, parse_heads(options.heads))
             return
         # labelled prompts: qk's model checks without its windows (the prompts are the windows)
         reason = qk.refusal(loaded)
@@ -357,9 +378,9 @@ class Graph(Analysis):
                     f"--heads: L{layer}H{head}: outside {layout.n_layers} layers x {layout.n_heads} heads"
                 )
         if options.verify:
-            raise InputError(
-                "--verify with --data: the contrast's causal check is not built yet", hint="drop --verify"
-            )
+            from .graph_verify import check_verify
+
+            check_verify(loaded, options.verify, parse_heads(options.heads))
 
     def run(self, loaded: Any, options: GraphOptions, prepared: GraphInputs, progress: Any) -> Outcome:
         report, result, state = graph(loaded, options, prepared, progress)
@@ -371,32 +392,29 @@ class Graph(Analysis):
     def verify(
         self, loaded: Any, outcome: Outcome, options: GraphOptions, progress: Any, k: int | None = None
     ) -> list[Any]:
-        """The key side's top source removed from the key input only (qk's check), its ratio to
-        random lower sources written on the matching edge."""
+        """Each verified head's top source of each side removed from that side's input only
+        (graph_verify: QueryOnly, KeyOnly, ValueOnly), its ratio to random lower sources written on
+        the matching edge; on labelled prompts, the change of the answer-against-distractor
+        preference and the share of prompts it flips."""
         from headscope.extend.checks import Check
 
-        removals = qk.verify_heads(
+        from .graph_verify import mark_edges, verify_sides
+
+        found: GraphResult = outcome.state["graph"]
+        removals = verify_sides(
             loaded,
-            outcome.state["qk"],
+            found,
             outcome.state,
             k or options.verify,
             options.controls,
             options.seed,
             options.resamples,
             progress,
+            contrast=outcome.state.get("contrast"),
         )
-        found: GraphResult = outcome.state["graph"]
-        for removal in removals.heads:
-            for edge in found.edges:
-                if (edge["layer"], edge["head"], edge["side"], edge["source"]) == (
-                    removal.layer,
-                    removal.head,
-                    "key",
-                    removal.source,
-                ):
-                    edge["verified_ratio"] = removal.ratio
+        mark_edges(found, removals)
         outcome.report.table = tidy_rows(loaded.name, found)
-        return [Check("qk-key-removal", removals)]
+        return [Check("graph-removal", removals)]
 
     def json(self, outcome: Outcome) -> dict[str, Any]:
         out = {"graph": outcome.state["graph"].to_json()}
@@ -409,3 +427,8 @@ class Graph(Analysis):
         from .graph_present import print_graph
 
         print_graph(result, console, top)
+
+    def html_section(self, result: Any) -> str | None:
+        from .graph_page import html_section
+
+        return html_section(result)

@@ -69,13 +69,13 @@ from headscope.verdicts.stats import MIN_EXAMPLES, bootstrap_ratio
 
 from .describe.fit import RowSample
 from .describe.texts import balanced, check_langs, shipped_sources, user_text_sources, windows
+from .qk_block import SCORE_TOLERANCE, check_qk_block
 
 RECONSTRUCT_K = (0, 1, 3, 10, 30)  # sources kept on each side (0: every source at its mean)
 PAIRS = 6  # top sources per side whose pairs are measured
 EXAMPLE_KEYS = 5  # keys shown for the example query
 EXAMPLE_SOURCES = 4  # key sources each example key's score is split by (the rest summed)
 LISTED = 12  # sources per (head, side) listed in the tidy rows (the rest summed as "rest")
-SCORE_TOLERANCE = 1e-4  # the sum over sources against the module's own scores, relative
 # A head's margin is resolved where it exceeds this many times its rounding bound, eps * sum A|s|
 # (eps: the attention weights' dtype): the margin's error from rounding is then under 1% of it.
 RESOLVE = 100
@@ -738,8 +738,6 @@ class QKResult:
         """Read back a saved ``qk`` block, checked against its schema and invariants
         (:func:`headscope.analyses.qk_block.check_qk_block`): a damaged block is refused in one line
         naming ``source`` and the JSON path."""
-        from .qk_block import check_qk_block
-
         check_qk_block(data, source)
         return cls(
             data["heads"],

@@ -42,6 +42,9 @@ from headscope.core import schemacheck
 from headscope.errors import InputError
 
 VERSION = 1
+# The run's own check: the sources' parts sum to each head's margin to this, relative (qk refuses a
+# window beyond it; qk imports it from here).
+SCORE_TOLERANCE = 1e-4
 QK_HINT = "give the result as headscope qk wrote it (--format json), or rerun headscope qk"
 UPGRADE = "upgrade headscope to read it: pip install -U headscope"
 # What float64 rounding may add to an overlap of two distributions (1e-12 at 10,000 keys), with room.
@@ -362,7 +365,6 @@ def null_side_problems(where: str, items: list[dict[str, Any]], why: str) -> Non
 
 
 def _sum_to_one(where: str, shares: list[float]) -> None:
-    from headscope.analyses.qk import SCORE_TOLERANCE  # the run's own check (qk imports this module)
 
     total = math.fsum(shares)
     slack = SCORE_TOLERANCE * max(1.0, math.fsum(abs(share) for share in shares))
