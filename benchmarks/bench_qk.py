@@ -1,6 +1,8 @@
 """qk's cost as a multiple of a bare forward over the same tokens: every head, and one head by depth.
 
     python benchmarks/bench_qk.py --model smollm2-135m --lengths 512,2048 [--json out.json] [--every 512]
+    python benchmarks/bench_qk.py --model smollm2-135m --lengths 512 --graph 512 --every '' --no-depths \
+        --json benchmarks/results/graph-smollm2-135m.json
     python benchmarks/bench_qk.py --table benchmarks/results/qk-smollm2-135m.json
 
 One process, the model loaded once, priced by the cost ledger as ``bench_ratios.py`` prices every
@@ -9,7 +11,10 @@ that stops after layer l counts l/L of a forward). Two measurements per length L
 
 - every head (at the lengths of ``--every``): ``hs.qk`` over every head, 2 windows per split of L
   tokens of shipped English text, the default 64 query rows a window, no bootstrap;
-- by depth: one head (H0) of layers 0, L/6, ..., the last, at the same windows. Each source's share
+- graph (at the lengths of ``--graph``): ``hs.graph`` over every head (qk's sides and the value
+  side, the edges), the same windows; then the same with ``verify=3`` (three heads, each side's
+  top source removed against 5 random sources: what the verify passes add);
+- by depth (unless ``--no-depths``): one head (H0) of layers 0, L/6, ..., the last, at the same windows. Each source's share
   comes from one pull-back per head (no source is projected), so a head's decomposition costs a
   pass over the writes of the blocks below it (rebuilt from the heads' recorded outputs) against
   its pull-back, and its top sources through its own columns; every head shares each pass over
@@ -55,7 +60,14 @@ def priced(loaded, run) -> dict:
     }
 
 
-def measure(model: str, lengths: list[int], every_at: set[int], save=None) -> dict:
+def measure(
+    model: str,
+    lengths: list[int],
+    every_at: set[int],
+    save=None,
+    graph_at: set[int] = frozenset(),
+    depths_too: bool = True,
+) -> dict:
     loaded = load(model)
     layers = loaded.layout.n_layers
     depths = sorted({round(i * (layers - 1) / 5) for i in range(6)})
@@ -74,7 +86,27 @@ def measure(model: str, lengths: list[int], every_at: set[int], save=None) -> di
                 save(
                     {"model": model, "layers": layers, "torch_threads": torch.get_num_threads(), "runs": out}
                 )
-        for depth in depths:
+        if length in graph_at:
+            for label, verify in (("graph", 0), ("graph+verify 3", 3)):
+
+                def whole(length: int = length, verify: int = verify) -> None:
+                    hs.graph(loaded, context=length, windows=2, resamples=0, verify=verify)
+
+                row = {"what": label, "length": length, **priced(loaded, whole)}
+                out.append(row)
+                print(
+                    f"L={length} {label}: {row['seconds']:.0f} s, {row['ratio']:.1f}x bare", file=sys.stderr
+                )
+                if save is not None:
+                    save(
+                        {
+                            "model": model,
+                            "layers": layers,
+                            "torch_threads": torch.get_num_threads(),
+                            "runs": out,
+                        }
+                    )
+        for depth in depths if depths_too else []:
 
             def one(depth: int = depth, length: int = length) -> None:
                 hs.qk(loaded, heads=f"L{depth}H0", context=length, windows=2, resamples=0)
@@ -99,12 +131,12 @@ def table(data: dict) -> str:
         "forward of the same tokens through the layers the passes ran, x full = through every layer; "
         "both measured in this run",
         "",
-        f"{'heads':<12} {'tokens':>6}  {'passes':>6}  {'x bare':>8}  {'x full':>8}  {'peak MB':>8}",
+        f"{'heads':<14} {'tokens':>6}  {'passes':>6}  {'x bare':>8}  {'x full':>8}  {'peak MB':>8}",
     ]
     for row in data["runs"]:
         share = (row["layer"] + 1) / layers if "layer" in row else 1.0
         lines.append(
-            f"{row['what']:<12} {row['length']:>6}  {row['passes']:>6}  {row['ratio']:>7.2f}x  "
+            f"{row['what']:<14} {row['length']:>6}  {row['passes']:>6}  {row['ratio']:>7.2f}x  "
             f"{row['ratio'] * share:>7.2f}x  {row['peak_mb']:>8.0f}"
         )
     return "\n".join(lines)
@@ -115,6 +147,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="512,2048")
     parser.add_argument("--every", default="512", help="lengths at which every head is measured too")
+    parser.add_argument("--graph", default="", help="lengths at which hs.graph over every head is measured")
+    parser.add_argument("--no-depths", action="store_true", help="skip the one-head-by-depth rows")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print the table of a saved --json and stop")
     args = parser.parse_args()
@@ -127,7 +161,10 @@ def main() -> None:
             write_atomic(args.json, json.dumps(data, indent=2) + "\n", "--json", force=True)
 
     every = {int(x) for x in args.every.split(",") if x}
-    data = measure(args.model, [int(x) for x in args.lengths.split(",")], every, save)
+    graph = {int(x) for x in args.graph.split(",") if x}
+    data = measure(
+        args.model, [int(x) for x in args.lengths.split(",")], every, save, graph, not args.no_depths
+    )
     save(data)
     print(table(data))
 
