@@ -47,8 +47,7 @@ Capture = load_group("Capture", "capture")
 
 
 def handle_errors(debug: bool) -> contextlib.AbstractContextManager[None]:
-    """A command's errors as one line and an exit status (:func:`headscope.outputs.terminal.reported`);
-    typer's own exits go through."""
+    """A command's errors as one line and an exit status (``reported``); typer's own exits go through."""
     return reported(debug, passing=(typer.Exit, typer.Abort))
 
 
@@ -73,12 +72,8 @@ def run_analysis(
     csv: Path | None = None,
     outputs: tuple[tuple[str, Path | None], ...] = (),
 ) -> Any:
-    """Every analysis command: check, load, run (and verify) through the API, then print and write
-    (:func:`headscope.outputs.terminal.print_result`); returns the result (for its own output files).
-
-    What loading and the checks say (headscope's log, Python's warnings, the model's layout line) is
-    held until the checks pass (:mod:`headscope.core.held`): a refusal is one line, not one line
-    under a warning about a run that never starts. ``--debug`` holds nothing."""
+    """Every analysis command: check, load, run (and verify) through the API, then print and write;
+    returns the result. What loading and checking say waits for the checks (:mod:`headscope.core.held`)."""
     import headscope.api as hs
 
     entry = ENTRY.set("cli")  # refusals name --flags, not keywords
