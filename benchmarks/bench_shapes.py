@@ -3,7 +3,8 @@ forward, and its peak memory, by length; and, on paper, the largest context each
 
     python benchmarks/llama_shape.py --out build/llama-1b-shape
     python benchmarks/bench_shapes.py --model build/llama-1b-shape --lengths 512,2048 \\
-        --only scan,describe,qk --json benchmarks/results/shapes-llama-1b.json
+        --only scan,describe,qk --qk-every-up-to 512 --qk-heads L15H0,L8H0 \\
+        --json benchmarks/results/shapes-llama-1b.json
     python benchmarks/bench_shapes.py --table benchmarks/results/shapes-llama-1b.json
     python benchmarks/bench_shapes.py --paper [--budget-gb 24]
 
@@ -77,13 +78,16 @@ WARM_LENGTH = 64
 RANDOM_WEIGHTS = "random weights: for cost and memory only, never for roles"
 
 
-def runs_at(loaded, length: int, warm: bool = False) -> dict[str, Callable[[], object] | None]:
+def runs_at(
+    loaded, length: int, warm: bool = False, heads: str | None = None
+) -> dict[str, Callable[[], object] | None]:
     """What each analysis runs at ``length`` (None: not at this length). ``warm``: qk on one head
-    of the first layer only, enough to pay its first-call costs."""
+    of the first layer only, enough to pay its first-call costs; ``heads``: qk on these heads only
+    (``--qk-heads``), every head without."""
     describe = analyses_at(length, loaded).get("describe")
-    heads = {"heads": "L0H0"} if warm else {}
+    chosen = {"heads": "L0H0"} if warm else ({} if heads is None else {"heads": heads})
     return {
-        "qk": lambda: hs.qk(loaded, context=length, windows=2, resamples=0, **heads),
+        "qk": lambda: hs.qk(loaded, context=length, windows=2, resamples=0, **chosen),
         "scan": scan_tokens(loaded, length),
         "describe": None if describe is None else lambda: describe(loaded.model, loaded.tokenizer),
     }
@@ -104,7 +108,17 @@ def shape_of(loaded) -> dict:
     }
 
 
-def measure(model: str, lengths: list[int], only: list[str], machine: str, save) -> dict:
+def measure(
+    model: str,
+    lengths: list[int],
+    only: list[str],
+    machine: str,
+    save,
+    every_up_to: int | None = None,
+    qk_heads: list[str] = (),
+) -> dict:
+    """``every_up_to``: qk on every head up to this length; above it, one row per head of ``qk_heads``
+    (every head of a 1B shape at 2,048 tokens is hours on a 2-core CPU)."""
     loaded = load(model)
     data = {
         "model": model,
@@ -125,9 +139,13 @@ def measure(model: str, lengths: list[int], only: list[str], machine: str, save)
             bare_forward = bare_seconds(loaded, repeated(loaded, length, tokens=length))
         entry = {"bare_peak_mb": memory["mb"], "bare_forward_s": bare_forward}
         print(f"L={length}: bare forward {bare_forward:.2f} s, +{memory['mb']:.0f} MB", file=sys.stderr)
-        runs = runs_at(loaded, length)
+        planned = []
         for name in only:  # in the order asked: put the one likeliest to run out of memory last
-            run = runs[name]
+            if name == "qk" and every_up_to is not None and length > every_up_to:
+                planned += [(name, head, runs_at(loaded, length, heads=head)[name]) for head in qk_heads]
+            else:
+                planned.append((name, None, runs_at(loaded, length)[name]))
+        for name, head, run in planned:
             if run is None:
                 row = {
                     "analysis": name,
@@ -144,6 +162,8 @@ def measure(model: str, lengths: list[int], only: list[str], machine: str, save)
                         row["bare_seconds"] = bare_seconds(loaded, repeated(loaded, length))
                         row["ratio"] = row["seconds"] / row["bare_seconds"]
             row.update(entry)
+            if head is not None:
+                row["heads"] = head
             data["runs"].append(row)
             save(data)  # after every row: a run cut off keeps what it measured
             print("  " + _row(row), file=sys.stderr)
@@ -151,7 +171,8 @@ def measure(model: str, lengths: list[int], only: list[str], machine: str, save)
 
 
 def _row(row: dict) -> str:
-    label = f"{LABELS[row['analysis']]:<20} {row['length']:>6}"
+    name = LABELS[row["analysis"]] if "heads" not in row else f"{row['analysis']} ({row['heads']})"
+    label = f"{name:<20} {row['length']:>6}"
     why = row.get("refused") or row.get("skipped")
     if why:
         return f"{label}  {why}"
@@ -375,6 +396,12 @@ def main() -> None:
         default="scan,describe,qk",
         help=f"comma-separated, of {', '.join(ANALYSES)}, run in this order at each length",
     )
+    parser.add_argument(
+        "--qk-every-up-to",
+        type=int,
+        help="qk on every head only up to this length; above it, the heads of --qk-heads, one row each",
+    )
+    parser.add_argument("--qk-heads", default="L15H0", help="comma-separated heads (with --qk-every-up-to)")
     parser.add_argument("--machine", default=f"{len(os.sched_getaffinity(0))}-core CPU")
     parser.add_argument("--json", type=Path, help="also write the measurements here (after every row)")
     parser.add_argument("--table", type=Path, help="print the table of an earlier --json and stop")
@@ -398,7 +425,15 @@ def main() -> None:
         if args.json:
             write_atomic(args.json, json.dumps(data, indent=1) + "\n", "--json", force=True)
 
-    data = measure(args.model, [int(x) for x in args.lengths.split(",")], only, args.machine, save)
+    data = measure(
+        args.model,
+        [int(x) for x in args.lengths.split(",")],
+        only,
+        args.machine,
+        save,
+        args.qk_every_up_to,
+        [h.strip() for h in args.qk_heads.split(",") if h.strip()],
+    )
     save(data)
     print(table(data))
 
