@@ -5,6 +5,7 @@ planted V-composition recovered."""
 from __future__ import annotations
 
 import pytest
+import tiny_models
 import torch
 from conftest import TOY_DIR
 from tiny_models import tiny_llama
@@ -163,3 +164,55 @@ def test_the_planted_k_composition_is_an_edge(tmp_path):
     assert list(table.columns) == EDGE_COLUMNS and len(table) == len(found.edges)
     back = hs.Result.from_json(result.to_json())
     assert back.graph.edges == found.edges
+
+
+def _tiny(name: str):
+    import test_qk
+
+    return {
+        "gemma": tiny_models.tiny_gemma,
+        "gpt2": tiny_models.tiny_gpt2,
+        "llama": tiny_models.tiny_llama,
+        "bigcode-mqa": lambda: test_qk.tiny_bigcode(True),
+        "codegen": test_qk.tiny_codegen,
+    }[name]()
+
+
+@pytest.mark.parametrize("family", ["gemma", "gpt2", "llama", "bigcode-mqa", "codegen"])
+def test_the_value_side_reads_the_models_own_values(family):
+    """What the value side splits, A @ (x W_V + b_V) per head, is the model's own head output (the
+    output projection's input, hooked, eager attention) on fused, MQA, GQA and sliding-window
+    families: the value parts sum to each head's output by construction, so this is what ties them
+    to the model."""
+    from headscope.capture.sources import Decomposer
+    from headscope.models import anatomy, projections
+
+    loaded = _tiny(family)
+    model = loaded.model
+    model.set_attn_implementation("eager")
+    attention = projections.attention_module(anatomy.blocks(model)[1])
+    seen = {}
+    hooks = [
+        attention.register_forward_pre_hook(
+            lambda m, a, kw: seen.__setitem__("x", (a[0] if a else kw["hidden_states"])[0].double()),
+            with_kwargs=True,
+        ),
+        projections.output_module(attention).register_forward_pre_hook(
+            lambda m, a: seen.__setitem__("z", a[0][0].double())
+        ),
+    ]
+    torch.manual_seed(0)
+    ids = torch.randint(3, 40, (1, 12))
+    try:
+        with torch.no_grad():
+            out = model(ids, output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    w_v, b_v, _ = Decomposer(loaded, 1)._value_weights()
+    values = torch.einsum("td,gde->gte", seen["x"], w_v) + (0 if b_v is None else b_v[:, None])
+    heads = loaded.layout.n_heads
+    groups = torch.arange(heads) // (heads // w_v.shape[0])
+    ours = torch.einsum("htk,hke->hte", out.attentions[1][0].double(), values[groups])
+    theirs = seen["z"].reshape(12, heads, -1).transpose(0, 1)
+    assert float((ours - theirs).abs().max() / theirs.abs().max()) < 1e-6  # measured <= 1.9e-7
