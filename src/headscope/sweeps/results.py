@@ -30,6 +30,11 @@ def load_result(path: str | Path, run: str | None = None) -> dict[str, Any]:
             f"{path}: is a folder without a sweep manifest",
             hint="give the output of headscope scan --format json, or a headscope sweep store",
         )
+    if run is not None:  # a run names one run of a sweep store; a file holds one result
+        raise InputError(
+            f"run={run!r}: {path} is one saved result, not a sweep store",
+            hint="drop run=, or give the sweep store's folder",
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
