@@ -116,3 +116,20 @@ def test_the_hold_drops_on_a_refusal_and_shows_in_order_when_the_run_goes_on():
     finally:
         root.removeHandler(handler)
     assert not handler.filters  # the hold's filter came off with it
+
+
+def test_shows_refusal_after_loading_is_its_one_line_too():
+    """headscope show checks --layer once the model is loaded: the layout line is held, then dropped."""
+    from conftest import TOY_DIR
+
+    result = runner.invoke(
+        app, ["show", str(TOY_DIR), "--layer", "30", "--text", "hello"], catch_exceptions=False
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --layer 30 is out of range: this model has layers 0..1"
+    ]
+    shown = runner.invoke(
+        app, ["show", str(TOY_DIR), "--layer", "1", "--text", "a b c"], catch_exceptions=False
+    )
+    assert shown.exit_code == 0 and "2 layers x 4 query heads" in shown.stderr

@@ -191,7 +191,8 @@ def loading(model: str) -> Iterator[Callable[[Any], None]]:
         held.show(lambda: err.print(line, soft_wrap=True))  # an analysis' refusal stays one line
 
     try:
-        yield on_loaded
+        with held.holding():  # show's refusal (--layer 30) stays one line too; an analysis holds already
+            yield on_loaded
     finally:
         status.stop()
 
