@@ -36,25 +36,13 @@ from headscope.extend.protocol import Analysis, Outcome, Output, option, registe
 from headscope.verdicts.results import CSV_COLUMNS, HIDDEN_COLUMNS
 
 from . import qk
-from .graph_block import check_graph_block
+from .graph_block import EDGE, SIDES, check_graph_block
 from .graph_page import write_graph_html
 from .qk import QK, QKInputs, QKOptions, explain, parse_heads
 
 THRESHOLD = 0.1
-SIDES = ("query", "key", "value")
-EDGE_COLUMNS = [
-    "model",
-    "layer",
-    "head",
-    "side",
-    "source",
-    "share",
-    "ci_low",
-    "ci_high",
-    "n",
-    "measure",
-    "verified_ratio",
-]
+# --edges: the model, then what each edge of the JSON block requires (declared once, in graph_block)
+EDGE_COLUMNS = ["model", *EDGE["required"]]
 
 
 @dataclass(kw_only=True)
@@ -358,25 +346,17 @@ class Graph(Analysis):
     def check_loaded(self, loaded: Any, options: GraphOptions) -> None:
         if options.data is None:
             QK().check_loaded(loaded, options)
-            if options.verify:
-                from .graph_verify import check_verify
+        else:  # labelled prompts: qk's model checks without its windows (the prompts are the windows)
+            reason = qk.refusal(loaded)
+            if reason is not None:
+                from headscope.errors import Unsupported
 
-                check_verify(loaded, options.verify, parse_heads(options.heads))
-            return
-        # labelled prompts: qk's model checks without its windows (the prompts are the windows)
-        reason = qk.refusal(loaded)
-        if reason is not None:
-            from headscope.errors import Unsupported
-
-            raise Unsupported(f"graph: {loaded.name} ({loaded.model.config.model_type}): {reason}")
-        if not loaded.is_causal:
-            raise InputError("graph --data reads the final token's choice: it needs a causal language model")
-        layout = loaded.layout
-        for layer, head in parse_heads(options.heads) or []:
-            if not (0 <= layer < layout.n_layers and 0 <= head < layout.n_heads):
+                raise Unsupported(f"graph: {loaded.name} ({loaded.model.config.model_type}): {reason}")
+            if not loaded.is_causal:
                 raise InputError(
-                    f"--heads: L{layer}H{head}: outside {layout.n_layers} layers x {layout.n_heads} heads"
+                    "graph --data reads the final token's choice: it needs a causal language model"
                 )
+            qk.check_heads(loaded, options.heads)
         if options.verify:
             from .graph_verify import check_verify
 

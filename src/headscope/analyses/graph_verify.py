@@ -38,14 +38,11 @@ from headscope.capture.sources import SourceWrites
 from headscope.errors import InputError
 from headscope.extend.base import model_batches
 from headscope.models import anatomy, projections
-from headscope.verdicts.stats import bootstrap_ratio
 
-from .qk import RESOLVE, _attention_rows, _in_span, _nan
+from .graph_block import SIDES
+from .qk import _attention_rows, _in_span, move_ratio
 
 EDITS = {"query": QueryOnly, "key": KeyOnly, "value": ValueOnly}
-SIDES = ("query", "key", "value")
-# the moves are of the model's float32 rows and outputs, each entry rounded to eps of itself
-FLOOR = RESOLVE * float(torch.finfo(torch.float32).eps)
 
 
 @dataclass
@@ -358,19 +355,7 @@ def _ratio(
 ) -> SideRemoval:
     top_move = torch.tensor(move[0])
     control = torch.tensor(move[1:].mean(0)) if len(move) > 1 else torch.zeros_like(top_move)
-    ratio: float | None = None
-    low = high = None
-    note = ""
-    if float(control.mean()) <= FLOOR:
-        note = (
-            f"the random sources move it by {float(control.mean()):.1e}, within float rounding "
-            f"({FLOOR:.1e}): no ratio"
-            + ("" if float(top_move.mean()) > FLOOR else "; the top source does not move it either")
-        )
-    else:
-        ratio = float(top_move.sum() / control.sum())
-        found_low, found_high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
-        low, high = _nan(float(found_low)), _nan(float(found_high))
+    ratio, low, high, note = move_ratio(top_move, control, n_resamples, seed)
     return SideRemoval(
         layer,
         head,

@@ -158,6 +158,16 @@ def parse_heads(value: str | None) -> list[tuple[int, int]] | None:
     return found
 
 
+def check_heads(loaded: Any, value: str | None) -> None:
+    """``--heads`` against the loaded model's layout: each head inside its layers and heads."""
+    layout = loaded.layout
+    for layer, head in parse_heads(value) or []:
+        if not 0 <= layer < layout.n_layers:
+            raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has layers 0..{layout.n_layers - 1}")
+        if not 0 <= head < layout.n_heads:
+            raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has heads 0..{layout.n_heads - 1}")
+
+
 @dataclass
 class QKInputs:
     heads: list[tuple[int, int]] | None
@@ -1304,24 +1314,9 @@ def _verify_head(
             [float((0.5 * (clean[w][0] - edited[w][0]).abs().sum(-1))[kept[w]].mean()) for w in windows]
         )
     move = np.array(moves)  # [1 + controls, windows]
-    top_move = torch.tensor(move[0])
-    control = torch.tensor(move[1:].mean(0))
-    # the rows are the model's (float32 here: qk refuses lower precisions), each entry rounded to eps
-    floor = RESOLVE * torch.finfo(torch.float32).eps
-    ratio: float | None = None
-    low = high = None
-    note = ""
-    if float(control.mean()) <= floor:
-        # a ratio to a move within float rounding is not a result
-        note = (
-            f"the random sources move it by {float(control.mean()):.1e}, within float rounding "
-            f"({floor:.1e}): no ratio"
-            + ("" if float(top_move.mean()) > floor else "; the top source does not move it either")
-        )
-    else:
-        ratio = float(top_move.sum() / control.sum())
-        found_low, found_high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
-        low, high = _nan(float(found_low)), _nan(float(found_high))
+    ratio, low, high, note = move_ratio(
+        torch.tensor(move[0]), torch.tensor(move[1:].mean(0)), n_resamples, seed
+    )
     return KeyRemoval(
         layer,
         head,
@@ -1357,6 +1352,28 @@ def _check_verify_rows(loaded: Any, options: QKOptions) -> None:
             f"(positions {start}-{stop - 1}) of any evaluation window",
             hint="raise --rows (0: every row), or --seq-len",
         )
+
+
+# A move within this of none is float rounding: the rows are the model's (float32 here, qk refuses
+# lower precisions), each entry rounded to eps of itself.
+MOVE_FLOOR = RESOLVE * float(torch.finfo(torch.float32).eps)
+
+
+def move_ratio(
+    top_move: torch.Tensor, control: torch.Tensor, n_resamples: int, seed: int
+) -> tuple[float | None, float | None, float | None, str]:
+    """``(ratio, ci_low, ci_high, note)`` of the top source's move over the random sources' (per
+    window), with its bootstrap interval; no ratio, with a note, where the random sources' move is
+    within :data:`MOVE_FLOOR` (a ratio to float rounding is not a result)."""
+    if float(control.mean()) <= MOVE_FLOOR:
+        note = (
+            f"the random sources move it by {float(control.mean()):.1e}, within float rounding "
+            f"({MOVE_FLOOR:.1e}): no ratio"
+            + ("" if float(top_move.mean()) > MOVE_FLOOR else "; the top source does not move it either")
+        )
+        return None, None, None, note
+    low, high, _ = bootstrap_ratio(top_move, control, n_resamples=n_resamples, seed=seed)
+    return float(top_move.sum() / control.sum()), _nan(float(low)), _nan(float(high)), ""
 
 
 def _in_span(positions: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
@@ -1430,13 +1447,7 @@ class QK(Analysis):
         if reason is not None:
             raise Unsupported(f"qk: {loaded.name} ({loaded.model.config.model_type}): {reason}")
         layout = loaded.layout
-        for layer, head in parse_heads(options.heads) or []:
-            if not 0 <= layer < layout.n_layers:
-                raise InputError(
-                    f"--heads: L{layer}H{head}: {loaded.name} has layers 0..{layout.n_layers - 1}"
-                )
-            if not 0 <= head < layout.n_heads:
-                raise InputError(f"--heads: L{layer}H{head}: {loaded.name} has heads 0..{layout.n_heads - 1}")
+        check_heads(loaded, options.heads)
         if options.verify:
             heads = parse_heads(options.heads)
             asked = len(heads) if heads is not None else layout.n_layers * layout.n_heads
