@@ -190,16 +190,7 @@ def located(problem: schemacheck.SchemaProblem) -> tuple[str, str]:
 def graph_problems(data: Any, layout: tuple[int, int, int] | None = None) -> None:
     """:func:`check_graph_block`'s checks, raising :class:`~headscope.core.schemacheck.SchemaProblem`
     at the first, its path inside the block (``heads[3].value[0].share``)."""
-    if not isinstance(data, dict):
-        raise schemacheck.SchemaProblem(
-            "the document", f"expected an object (graph's block), got {_shown(data)}"
-        )
-    version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
-        raise NewerBlock(
-            "version", f"{version}: written by a newer headscope (this one reads version {VERSION})"
-        )
-    schemacheck.check(json_schema(), data)
+    qk_block.opening(data, "graph", VERSION, json_schema())
     heads = data["heads"]
     qk_block.heads_problems(heads, layout, signed=data["measure"] == "contrast")
     for index, entry in enumerate(heads):

@@ -241,17 +241,23 @@ class NewerBlock(schemacheck.SchemaProblem):
 def qk_problems(data: Any, layout: tuple[int, int, int] | None = None) -> None:
     """:func:`check_qk_block`'s checks, raising :class:`~headscope.core.schemacheck.SchemaProblem`
     at the first, its path inside the block (``heads[3].key[0].share``)."""
+    opening(data, "qk", VERSION, json_schema())
+    heads_problems(data["heads"], layout)
+
+
+def opening(data: Any, name: str, version: int, schema: dict[str, Any]) -> None:
+    """What every analysis block is checked for first (qk's, graph's): an object, of a version this
+    headscope reads (:class:`NewerBlock` otherwise), fitting its JSON Schema."""
     if not isinstance(data, dict):
         raise schemacheck.SchemaProblem(
-            "the document", f"expected an object (qk's block), got {_shown(data)}"
+            "the document", f"expected an object ({name}'s block), got {_shown(data)}"
         )
-    version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+    found = data.get("version")
+    if isinstance(found, int) and not isinstance(found, bool) and found > version:
         raise NewerBlock(
-            "version", f"{version}: written by a newer headscope (this one reads version {VERSION})"
+            "version", f"{found}: written by a newer headscope (this one reads version {version})"
         )
-    schemacheck.check(json_schema(), data)
-    heads_problems(data["heads"], layout)
+    schemacheck.check(schema, data)
 
 
 def heads_problems(
